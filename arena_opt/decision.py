@@ -1,0 +1,62 @@
+"""Decision: the output of every policy, one entry per job plus the solver's account."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
+
+from arena_opt.plan import Plan
+
+Action = Literal["start", "keep", "reshape", "migrate", "preempt", "wait"]
+RUNNING_ACTIONS = ("start", "keep", "reshape", "migrate")
+
+
+class JobDecision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+    action: Action
+    gpu_type: str | None = None
+    num_gpus: NonNegativeInt = 0
+    num_nodes: NonNegativeInt = 0
+    placement: dict[str, list[NonNegativeInt]] = Field(default_factory=dict, description="node id -> GPU indices")
+    plan: Plan | None = None
+    est_iter_time_s: NonNegativeFloat | None = None
+    est_throughput: NonNegativeFloat | None = Field(None, description="samples/s")
+    est_mem_per_gpu_gib: NonNegativeFloat | None = None
+    reason: str | None = Field(None, description="why the job waits or was preempted")
+
+    @property
+    def runs(self) -> bool:
+        return self.action in RUNNING_ACTIONS
+
+
+class SolverStats(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    solver: str = "none"
+    status: str = "not_run"
+    objective: float | None = None
+    bound: float | None = None
+    gap: float | None = None
+    build_s: NonNegativeFloat = 0.0
+    solve_s: NonNegativeFloat = 0.0
+    total_s: NonNegativeFloat = 0.0
+    shards: NonNegativeInt = 1
+    num_grids: NonNegativeInt = 0
+    fallback: bool = Field(False, description="the decision comes from the greedy fallback, not the solver")
+    note: str | None = None
+
+
+class Decision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = 1
+    time: NonNegativeFloat = 0.0
+    policy: str
+    jobs: list[JobDecision]
+    stats: SolverStats = Field(default_factory=SolverStats)
+
+    def by_job(self) -> dict[str, JobDecision]:
+        return {j.job_id: j for j in self.jobs}

@@ -1,0 +1,61 @@
+"""Built-in GPU catalog (vendor data sheets) and link-kind defaults.
+
+Peak numbers are dense (no sparsity) fp16/bf16 tensor-core TFLOP/s. Bandwidths
+are GB/s per GPU in one direction: NVLink = aggregate NVLink bandwidth / 2,
+PCIe = x16 link of the generation the card ships with, inter-node = a typical
+NIC of the generation divided over the GPUs that share it (one NIC per GPU on
+HGX boards). Any entry can be replaced in a snapshot's `gpu_catalog`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+
+LinkKind = Literal["nvlink", "pcie", "infiniband", "ethernet"]
+
+
+class GpuSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    peak_tflops: PositiveFloat = Field(description="dense fp16/bf16 tensor TFLOP/s")
+    memory_gib: PositiveFloat
+    mem_bw_gbs: PositiveFloat = Field(description="HBM/GDDR bandwidth, GB/s")
+    nvlink_bw_gbs: PositiveFloat | None = Field(None, description="per GPU, one direction; None = no NVLink")
+    pcie_bw_gbs: PositiveFloat = Field(description="host link, x16, one direction")
+    inter_node_bw_gbs: PositiveFloat = Field(description="network bandwidth available to one GPU")
+
+
+# Sources: NVIDIA A100 (2021), V100 (2020), A40 (2022), A10 (2021), L20 (2023),
+# H100 (2023) and H200 (2024) product data sheets.
+BUILTIN_GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in [
+        GpuSpec(name="a100-40gb", peak_tflops=312, memory_gib=40, mem_bw_gbs=1555, nvlink_bw_gbs=300,
+                pcie_bw_gbs=32, inter_node_bw_gbs=25),
+        GpuSpec(name="a100-80gb", peak_tflops=312, memory_gib=80, mem_bw_gbs=2039, nvlink_bw_gbs=300,
+                pcie_bw_gbs=32, inter_node_bw_gbs=25),
+        GpuSpec(name="v100-32gb", peak_tflops=125, memory_gib=32, mem_bw_gbs=900, nvlink_bw_gbs=150,
+                pcie_bw_gbs=16, inter_node_bw_gbs=12.5),
+        GpuSpec(name="a40", peak_tflops=149.7, memory_gib=48, mem_bw_gbs=696, nvlink_bw_gbs=56.25,
+                pcie_bw_gbs=32, inter_node_bw_gbs=12.5),
+        GpuSpec(name="a10", peak_tflops=125, memory_gib=24, mem_bw_gbs=600, pcie_bw_gbs=32,
+                inter_node_bw_gbs=12.5),
+        GpuSpec(name="l20", peak_tflops=119.5, memory_gib=48, mem_bw_gbs=864, pcie_bw_gbs=32,
+                inter_node_bw_gbs=12.5),
+        GpuSpec(name="h100-80gb", peak_tflops=989, memory_gib=80, mem_bw_gbs=3350, nvlink_bw_gbs=450,
+                pcie_bw_gbs=64, inter_node_bw_gbs=50),
+        GpuSpec(name="h200", peak_tflops=989, memory_gib=141, mem_bw_gbs=4800, nvlink_bw_gbs=450,
+                pcie_bw_gbs=64, inter_node_bw_gbs=50),
+    ]
+}
+
+# Names used by Arena's traces and tables.
+GPU_ALIASES = {"a100": "a100-40gb", "v100": "v100-32gb", "h100": "h100-80gb"}
+
+
+def canonical_gpu(name: str) -> str:
+    n = name.strip().lower()
+    return GPU_ALIASES.get(n, n)

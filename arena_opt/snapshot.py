@@ -1,0 +1,164 @@
+"""Cluster snapshot: the input of every policy (pydantic, validated at the edge)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat,
+                      PositiveInt, field_validator, model_validator)
+
+from arena_opt.gpus import BUILTIN_GPUS, GpuSpec, canonical_gpu
+from arena_opt.plan import Plan
+from models.catalog import ARCHITECTURES, Arch, arena_model_name
+
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Node(_Strict):
+    id: str = Field(min_length=1)
+    gpu_type: str
+    num_gpus: PositiveInt
+    intra_link: Literal["nvlink", "pcie"] | None = Field(
+        None, description="GPU-to-GPU link inside the node; None = NVLink when the GPU has it")
+    rack: str | None = None
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _canon(cls, v: str) -> str:
+        return canonical_gpu(v)
+
+
+class RunningState(_Strict):
+    """Where and how a running job runs now."""
+
+    gpu_type: str
+    placement: dict[str, list[NonNegativeInt]] = Field(description="node id -> GPU indices")
+    plan: Plan
+    since: NonNegativeFloat = 0.0
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _canon(cls, v: str) -> str:
+        return canonical_gpu(v)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(len(g) for g in self.placement.values())
+
+
+class Job(_Strict):
+    id: str = Field(min_length=1)
+    model: str | Arch = Field(description="catalog name (or Arena's model__size) or an inline architecture")
+    batch_size: PositiveInt = Field(description="global batch, samples per iteration")
+    total_iterations: PositiveInt
+    remaining_iterations: NonNegativeFloat
+    submit_time: NonNegativeFloat = 0.0
+    deadline: PositiveFloat | None = Field(None, description="absolute time by which the job should finish")
+    weight: PositiveFloat = 1.0
+    allowed_gpu_types: list[str] | None = None
+    min_gpus: PositiveInt = 1
+    max_gpus: PositiveInt | None = None
+    requested_gpu_type: str | None = None
+    requested_num_gpus: PositiveInt | None = None
+    running: RunningState | None = None
+    attained_service_s: NonNegativeFloat = Field(0.0, description="GPU-seconds received so far")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str | Arch) -> str | Arch:
+        if isinstance(v, str) and arena_model_name(v) not in ARCHITECTURES:
+            raise ValueError(f"unknown model {v!r} (see `arena-opt models` for the catalog)")
+        return arena_model_name(v) if isinstance(v, str) else v
+
+    @field_validator("allowed_gpu_types")
+    @classmethod
+    def _canon_list(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else [canonical_gpu(x) for x in v]
+
+    @field_validator("requested_gpu_type")
+    @classmethod
+    def _canon(cls, v: str | None) -> str | None:
+        return None if v is None else canonical_gpu(v)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Job":
+        if self.remaining_iterations > self.total_iterations:
+            raise ValueError(f"remaining_iterations {self.remaining_iterations} exceeds total_iterations "
+                             f"{self.total_iterations}")
+        if self.max_gpus is not None and self.max_gpus < self.min_gpus:
+            raise ValueError(f"max_gpus {self.max_gpus} is below min_gpus {self.min_gpus}")
+        return self
+
+    @property
+    def arch(self) -> Arch:
+        return self.model if isinstance(self.model, Arch) else ARCHITECTURES[self.model]
+
+
+class ClusterSnapshot(_Strict):
+    version: Literal[1] = SCHEMA_VERSION
+    time: NonNegativeFloat = 0.0
+    gpu_catalog: dict[str, GpuSpec] = Field(default_factory=dict,
+                                            description="entries that add to or replace the built-in catalog")
+    nodes: list[Node]
+    jobs: list[Job] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ClusterSnapshot":
+        catalog = self.catalog
+        _unique([n.id for n in self.nodes], "nodes", "id")
+        _unique([j.id for j in self.jobs], "jobs", "id")
+        for i, n in enumerate(self.nodes):
+            if n.gpu_type not in catalog:
+                raise ValueError(f"nodes[{i}].gpu_type: unknown GPU type {n.gpu_type!r}; known: "
+                                 f"{', '.join(sorted(catalog))}")
+        nodes = {n.id: n for n in self.nodes}
+        used: dict[tuple[str, int], str] = {}
+        for i, j in enumerate(self.jobs):
+            for f in ("allowed_gpu_types",):
+                for t in getattr(j, f) or []:
+                    if t not in catalog:
+                        raise ValueError(f"jobs[{i}].{f}: unknown GPU type {t!r}")
+            if j.requested_gpu_type is not None and j.requested_gpu_type not in catalog:
+                raise ValueError(f"jobs[{i}].requested_gpu_type: unknown GPU type {j.requested_gpu_type!r}")
+            if j.running is None:
+                continue
+            r = j.running
+            where = f"jobs[{i}].running"
+            for nid, gpus in r.placement.items():
+                if nid not in nodes:
+                    raise ValueError(f"{where}.placement: unknown node {nid!r}")
+                node = nodes[nid]
+                if node.gpu_type != r.gpu_type:
+                    raise ValueError(f"{where}.placement: node {nid!r} has {node.gpu_type}, job runs on "
+                                     f"{r.gpu_type}")
+                for g in gpus:
+                    if g >= node.num_gpus:
+                        raise ValueError(f"{where}.placement: GPU index {g} exceeds node {nid!r} "
+                                         f"({node.num_gpus} GPUs)")
+                    if (nid, g) in used:
+                        raise ValueError(f"{where}.placement: GPU {nid}:{g} is also used by job "
+                                         f"{used[(nid, g)]!r}")
+                    used[(nid, g)] = j.id
+            if r.plan.num_gpus != r.num_gpus:
+                raise ValueError(f"{where}.plan: pp*dp*tp = {r.plan.num_gpus} but the placement holds "
+                                 f"{r.num_gpus} GPUs")
+        return self
+
+    @property
+    def catalog(self) -> dict[str, GpuSpec]:
+        return {**BUILTIN_GPUS, **{canonical_gpu(k): v for k, v in self.gpu_catalog.items()}}
+
+    def gpu_types(self) -> list[str]:
+        return sorted({n.gpu_type for n in self.nodes})
+
+
+def _unique(ids: list[str], field: str, key: str) -> None:
+    seen: set[str] = set()
+    for i, x in enumerate(ids):
+        if x in seen:
+            raise ValueError(f"{field}[{i}].{key}: duplicate id {x!r}")
+        seen.add(x)
