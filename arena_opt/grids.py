@@ -1,0 +1,142 @@
+"""Grids: the joint (GPU type, GPU count and node shape, pipeline depth) options of each job,
+each with its proxy plan from the planner. Level 1 chooses among these."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from arena_opt.gpus import GpuSpec
+from arena_opt.perf.estimator import GridShape, PerfEstimator
+from arena_opt.planner import PlanResult
+from arena_opt.snapshot import ClusterSnapshot, Job, Node
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Interchangeable nodes: same GPU type, GPUs per node and intra-node link."""
+
+    gpu_type: str
+    gpus_per_node: int
+    intra_link: str | None
+    node_ids: tuple[str, ...]
+
+    @property
+    def key(self) -> tuple[str, int, str | None]:
+        return (self.gpu_type, self.gpus_per_node, self.intra_link)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * len(self.node_ids)
+
+
+@dataclass(frozen=True)
+class Grid:
+    job_id: str
+    pool: tuple[str, int, str | None]
+    shape: GridShape
+    result: PlanResult
+    pareto: tuple[PlanResult, ...] = field(default=(), compare=False)
+    current: bool = False  # the job's running allocation: choosing it keeps the job where it is
+
+    @property
+    def num_gpus(self) -> int:
+        return self.shape.num_gpus
+
+    @property
+    def multi_node(self) -> bool:
+        return self.shape.nodes > 1
+
+    @property
+    def throughput(self) -> float:
+        return self.result.throughput
+
+    def node_units(self, gpus_per_node: int) -> int:
+        """GPUs this grid takes from its pool's nodes: whole nodes when it spans several."""
+        return self.shape.nodes * gpus_per_node if self.multi_node else self.shape.num_gpus
+
+
+def pools(snapshot: ClusterSnapshot) -> dict[tuple, Pool]:
+    groups: dict[tuple, list[Node]] = defaultdict(list)
+    for n in snapshot.nodes:
+        groups[(n.gpu_type, n.num_gpus, n.intra_link)].append(n)
+    return {k: Pool(k[0], k[1], k[2], tuple(n.id for n in v)) for k, v in sorted(groups.items(), key=str)}
+
+
+def gpu_counts(job: Job, pool: Pool, max_gpus_default: int) -> list[int]:
+    hi = min(job.max_gpus or max_gpus_default, pool.num_gpus)
+    out, n = [], 1
+    while n <= hi:
+        if n >= job.min_gpus and (n <= pool.gpus_per_node or n % pool.gpus_per_node == 0):
+            out.append(n)
+        n *= 2
+    return out
+
+
+def compact_shape(n: int, gpus_per_node: int) -> tuple[int, int]:
+    return (1, n) if n <= gpus_per_node else (n // gpus_per_node, gpus_per_node)
+
+
+def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, max_gpus_default: int = 16,
+              all_pp: bool = False) -> list[Grid]:
+    """All grids of one job: compact shapes on every allowed pool and power-of-two count. Only the best
+    pipeline depth of each (pool, count) is kept (the others use the same GPUs for less), unless
+    `all_pp`; the running allocation is always kept as the `current` grid."""
+    catalog = snapshot.catalog
+    allowed = set(job.allowed_gpu_types) if job.allowed_gpu_types else None
+    out: list[Grid] = []
+    cur_key = _current_shape(job, snapshot)
+    for pool in pools(snapshot).values():
+        if allowed is not None and pool.gpu_type not in allowed:
+            continue
+        spec = catalog[pool.gpu_type]
+        for n in gpu_counts(job, pool, max_gpus_default):
+            nodes, gpn = compact_shape(n, pool.gpus_per_node)
+            cands = []
+            pp = 1
+            while pp <= n:
+                shape = GridShape(pool.gpu_type, nodes, gpn, pp)
+                plans = estimator.grid(job.arch, job.batch_size, spec, pool.intra_link, shape)
+                if plans.proxy is not None:
+                    is_cur = cur_key == (pool.key, nodes, gpn, pp)
+                    cands.append(Grid(job.id, pool.key, shape, plans.proxy, tuple(plans.pareto), is_cur))
+                pp *= 2
+            if not cands:
+                continue
+            if all_pp:
+                out.extend(cands)
+            else:
+                best = max(cands, key=lambda g: g.throughput)
+                out.append(best)
+                out.extend(g for g in cands if g.current and g is not best)
+    if cur_key is not None and not any(g.current for g in out):
+        g = _current_grid(job, snapshot, estimator, catalog[job.running.gpu_type], cur_key)
+        if g is not None:
+            out.append(g)
+    return out
+
+
+def _current_shape(job: Job, snapshot: ClusterSnapshot):
+    if job.running is None:
+        return None
+    nodes = {n.id: n for n in snapshot.nodes}
+    used = [nodes[nid] for nid in job.running.placement]
+    if not used:
+        return None
+    first = used[0]
+    per_node = max(len(g) for g in job.running.placement.values())
+    return ((first.gpu_type, first.num_gpus, first.intra_link), len(used), per_node, job.running.plan.pp)
+
+
+def _current_grid(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, spec: GpuSpec, key) -> Grid | None:
+    """A running allocation that is not a compact shape (e.g. placed by another scheduler)."""
+    pool_key, nodes, gpn, pp = key
+    shape = GridShape(pool_key[0], nodes, gpn, pp)
+    plans = estimator.grid(job.arch, job.batch_size, spec, pool_key[2], shape)
+    if plans.proxy is None:
+        return None
+    return Grid(job.id, pool_key, shape, plans.proxy, tuple(plans.pareto), True)
+
+
+def enumerate_grids(snapshot: ClusterSnapshot, estimator: PerfEstimator, **kw) -> dict[str, list[Grid]]:
+    return {j.id: job_grids(j, snapshot, estimator, **kw) for j in snapshot.jobs}

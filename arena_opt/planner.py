@@ -1,0 +1,120 @@
+"""Level 2 of the decomposition: the best parallel plan inside one grid.
+
+A grid shape is (model, global batch, GPU type, nodes x GPUs per node, pp).
+For every dp x tp factorization (tp inside a node), micro-batch count and
+recomputation choice, the exact stage-split DP of `perf.compose` gives the
+fastest memory-feasible split; the fastest of all is the grid's proxy plan,
+and the (time, memory) Pareto front is kept for the runners.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from arena_opt.gpus import GpuSpec
+from arena_opt.perf.analytical import GIB, CostParams, layer_costs, links_for
+from arena_opt.perf.compose import LayerCosts, evaluate_split, split_stages
+from arena_opt.plan import Plan
+from models.catalog import Arch
+from models.layers import layer_table
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan
+    iter_time_s: float
+    mem_gib: float  # peak per-GPU memory, reserve included
+    batch_size: int
+
+    @property
+    def throughput(self) -> float:
+        """samples/s"""
+        return self.batch_size / self.iter_time_s
+
+
+@dataclass(frozen=True)
+class GridPlans:
+    proxy: PlanResult | None
+    pareto: list[PlanResult] = field(default_factory=list)  # by time ascending, memory descending
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, x = [], 1
+    while x <= n:
+        out.append(x)
+        x *= 2
+    return out
+
+
+def tp_degrees(arch: Arch, gpus_per_node: int, per_stage: int) -> list[int]:
+    """tp stays inside a node, divides the stage's GPUs and the sharded dimension."""
+    split_dim = arch.heads if arch.family != "wide_resnet" else arch.base_channels
+    return [t for t in _pow2_upto(min(gpus_per_node, 8, per_stage))
+            if per_stage % t == 0 and gpus_per_node % t == 0 and split_dim % t == 0]
+
+
+def microbatch_counts(per_replica_batch: int, pp: int) -> list[int]:
+    # gradient accumulation for pp = 1; for pipelines, enough micro-batches to shrink the bubble,
+    # and micro-batches of one sample as the last resort for memory
+    base = [1, 2, 4] if pp == 1 else [pp, 2 * pp, 4 * pp, 8 * pp]
+    out = [m for m in base if m <= per_replica_batch and per_replica_batch % m == 0]
+    if per_replica_batch not in out and per_replica_batch >= pp:
+        out.append(per_replica_batch)
+    return out
+
+
+class Planner:
+    def __init__(self, params: CostParams | None = None):
+        self.params = params or CostParams()
+        self._cache: dict[tuple, GridPlans] = {}
+
+    def mem_cap_bytes(self, gpu: GpuSpec) -> float:
+        return (gpu.memory_gib - self.params.mem_reserve_gib) * GIB
+
+    def plan(self, arch: Arch, batch: int, gpu_name: str, gpu: GpuSpec, intra_link: str | None, nodes: int,
+             gpus_per_node: int, pp: int) -> GridPlans:
+        key = (arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._plan(arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp)
+        return hit
+
+    def _plan(self, arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp) -> GridPlans:
+        n_gpus = nodes * gpus_per_node
+        table = layer_table(arch)
+        if n_gpus % pp or pp > table.num_layers:
+            return GridPlans(None)
+        links = links_for(gpu, intra_link, self.params)
+        cap = self.mem_cap_bytes(gpu)
+        found: list[PlanResult] = []
+        for tp in tp_degrees(arch, gpus_per_node, n_gpus // pp):
+            dp = n_gpus // (pp * tp)
+            if batch % dp:
+                continue
+            for m in microbatch_counts(batch // dp, pp):
+                for rc in (False, True):
+                    lc = layer_costs(table, gpu, gpu_name, links, nodes=nodes, gpus_per_node=gpus_per_node,
+                                     batch=batch, dp=dp, tp=tp, m=m, recompute=rc, params=self.params)
+                    res = self._split(lc, pp, m, cap)
+                    if res is None:
+                        continue
+                    plan = Plan(pp=pp, dp=dp, tp=tp, num_microbatches=m, stages=res.stages, recompute=rc)
+                    found.append(PlanResult(plan, res.iter_time_s,
+                                            max(res.mem_bytes) / GIB + self.params.mem_reserve_gib, batch))
+                    break  # recomputation only pays when the plain plan does not fit
+        if not found:
+            return GridPlans(None)
+        found.sort(key=lambda r: (r.iter_time_s, r.mem_gib))
+        pareto, best_mem = [], float("inf")
+        for r in found:
+            if r.mem_gib < best_mem - 1e-9:
+                pareto.append(r)
+                best_mem = r.mem_gib
+        return GridPlans(found[0], pareto)
+
+    @staticmethod
+    def _split(lc: LayerCosts, pp: int, m: int, cap: float):
+        if pp == 1:
+            res = evaluate_split(lc, [(0, lc.num_layers)], m)
+            return res if res.mem_bytes[0] <= cap else None
+        return split_stages(lc, pp, m, cap)

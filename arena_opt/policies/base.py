@@ -1,0 +1,71 @@
+"""The one interface every policy implements, and the shared path from chosen grids to a Decision."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+
+from arena_opt.decision import Decision, JobDecision, SolverStats
+from arena_opt.grids import Grid
+from arena_opt.perf.estimator import PerfEstimator
+from arena_opt.placement import place
+from arena_opt.snapshot import ClusterSnapshot, Job
+
+
+class Policy(ABC):
+    """`decide(snapshot) -> Decision` is all a caller (CLI, simulator, runner loop, user code) needs."""
+
+    name: str = "policy"
+
+    def __init__(self, estimator: PerfEstimator | None = None):
+        self.estimator = estimator or PerfEstimator()
+
+    @abstractmethod
+    def decide(self, snapshot: ClusterSnapshot) -> Decision: ...
+
+
+class GridPolicy(Policy):
+    """A policy that picks at most one grid per job; placement and the Decision are shared."""
+
+    def decide(self, snapshot: ClusterSnapshot) -> Decision:
+        t0 = time.perf_counter()
+        chosen, reasons, stats = self.choose(snapshot)
+        placements = place(snapshot, chosen)
+        stats.total_s = time.perf_counter() - t0
+        return build_decision(snapshot, self.name, chosen, placements, reasons, stats)
+
+    @abstractmethod
+    def choose(self, snapshot: ClusterSnapshot) -> tuple[dict[str, Grid], dict[str, str], SolverStats]:
+        """Chosen grid per running/started job, a reason per job left without one, solver stats."""
+
+
+def action_for(job: Job, grid: Grid | None, placement: dict[str, list[int]] | None) -> str:
+    if grid is None:
+        return "preempt" if job.running else "wait"
+    if job.running is None:
+        return "start"
+    if grid.current:
+        return "keep"
+    same_size = grid.num_gpus == job.running.num_gpus and grid.shape.gpu_type == job.running.gpu_type
+    if same_size and grid.result.plan == job.running.plan:
+        return "migrate"
+    return "reshape"
+
+
+def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Grid],
+                   placements: dict[str, dict[str, list[int]]], reasons: dict[str, str],
+                   stats: SolverStats) -> Decision:
+    out = []
+    for job in snapshot.jobs:
+        g = chosen.get(job.id)
+        pl = placements.get(job.id)
+        act = action_for(job, g, pl)
+        if g is None:
+            out.append(JobDecision(job_id=job.id, action=act,
+                                   reason=reasons.get(job.id, "not selected: higher-value jobs use the capacity")))
+            continue
+        plan = job.running.plan if g.current else g.result.plan
+        out.append(JobDecision(job_id=job.id, action=act, gpu_type=g.shape.gpu_type, num_gpus=g.num_gpus,
+                               num_nodes=len(pl), placement=pl, plan=plan, est_iter_time_s=g.result.iter_time_s,
+                               est_throughput=g.throughput, est_mem_per_gpu_gib=g.result.mem_gib))
+    return Decision(time=snapshot.time, policy=policy, jobs=out, stats=stats)
