@@ -26,29 +26,35 @@ class GpuSpec(BaseModel):
     nvlink_bw_gbs: PositiveFloat | None = Field(None, description="per GPU, one direction; None = no NVLink")
     pcie_bw_gbs: PositiveFloat = Field(description="host link, x16, one direction")
     inter_node_bw_gbs: PositiveFloat = Field(description="network bandwidth available to one GPU")
+    fp32_tflops: PositiveFloat | None = Field(
+        None, description="fp32 FMA TFLOP/s without tensor cores, for models trained in fp32; "
+                          "None = peak_tflops")
 
 
 # Sources: NVIDIA A100 (2021), V100 (2020), A40 (2022), A10 (2021), L20 (2023),
-# H100 (2023) and H200 (2024) product data sheets.
+# H100 (2023) and H200 (2024) product data sheets. fp32_tflops of the GA10x/AD10x parts
+# (A40, A10, L20) is half the data-sheet figure: that figure counts a second FP32
+# datapath which is shared with INT32 (NVIDIA Ampere GA102 white paper), and GEMM and
+# convolution kernels, whose index arithmetic runs on it, issue at the single-path rate.
 BUILTIN_GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in [
         GpuSpec(name="a100-40gb", peak_tflops=312, memory_gib=40, mem_bw_gbs=1555, nvlink_bw_gbs=300,
-                pcie_bw_gbs=32, inter_node_bw_gbs=25),
+                pcie_bw_gbs=32, inter_node_bw_gbs=25, fp32_tflops=19.5),
         GpuSpec(name="a100-80gb", peak_tflops=312, memory_gib=80, mem_bw_gbs=2039, nvlink_bw_gbs=300,
-                pcie_bw_gbs=32, inter_node_bw_gbs=25),
+                pcie_bw_gbs=32, inter_node_bw_gbs=25, fp32_tflops=19.5),
         GpuSpec(name="v100-32gb", peak_tflops=125, memory_gib=32, mem_bw_gbs=900, nvlink_bw_gbs=150,
-                pcie_bw_gbs=16, inter_node_bw_gbs=12.5),
+                pcie_bw_gbs=16, inter_node_bw_gbs=12.5, fp32_tflops=15.7),
         GpuSpec(name="a40", peak_tflops=149.7, memory_gib=48, mem_bw_gbs=696, nvlink_bw_gbs=56.25,
-                pcie_bw_gbs=32, inter_node_bw_gbs=12.5),
+                pcie_bw_gbs=32, inter_node_bw_gbs=12.5, fp32_tflops=18.7),
         GpuSpec(name="a10", peak_tflops=125, memory_gib=24, mem_bw_gbs=600, pcie_bw_gbs=32,
-                inter_node_bw_gbs=12.5),
+                inter_node_bw_gbs=12.5, fp32_tflops=15.6),
         GpuSpec(name="l20", peak_tflops=119.5, memory_gib=48, mem_bw_gbs=864, pcie_bw_gbs=32,
-                inter_node_bw_gbs=12.5),
+                inter_node_bw_gbs=12.5, fp32_tflops=29.9),
         GpuSpec(name="h100-80gb", peak_tflops=989, memory_gib=80, mem_bw_gbs=3350, nvlink_bw_gbs=450,
-                pcie_bw_gbs=64, inter_node_bw_gbs=50),
+                pcie_bw_gbs=64, inter_node_bw_gbs=50, fp32_tflops=67),
         GpuSpec(name="h200", peak_tflops=989, memory_gib=141, mem_bw_gbs=4800, nvlink_bw_gbs=450,
-                pcie_bw_gbs=64, inter_node_bw_gbs=50),
+                pcie_bw_gbs=64, inter_node_bw_gbs=50, fp32_tflops=67),
     ]
 }
 

@@ -60,7 +60,7 @@ def pools(snapshot: ClusterSnapshot) -> dict[tuple, Pool]:
     groups: dict[tuple, list[Node]] = defaultdict(list)
     for n in snapshot.nodes:
         groups[(n.gpu_type, n.num_gpus, n.intra_link)].append(n)
-    return {k: Pool(k[0], k[1], k[2], tuple(n.id for n in v)) for k, v in sorted(groups.items(), key=str)}
+    return {k: Pool(k[0], k[1], k[2], tuple(n.id for n in v)) for k, v in sorted(groups.items(), key=lambda kv: str(kv[0]))}
 
 
 def gpu_counts(job: Job, pool: Pool, max_gpus_default: int) -> list[int]:
@@ -78,7 +78,7 @@ def compact_shape(n: int, gpus_per_node: int) -> tuple[int, int]:
 
 
 def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, max_gpus_default: int = 16,
-              all_pp: bool = False) -> list[Grid]:
+              all_pp: bool = False, pool_map: dict[tuple, Pool] | None = None) -> list[Grid]:
     """All grids of one job: compact shapes on every allowed pool and power-of-two count. Only the best
     pipeline depth of each (pool, count) is kept (the others use the same GPUs for less), unless
     `all_pp`; the running allocation is always kept as the `current` grid."""
@@ -86,7 +86,7 @@ def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, 
     allowed = set(job.allowed_gpu_types) if job.allowed_gpu_types else None
     out: list[Grid] = []
     cur_key = _current_shape(job, snapshot)
-    for pool in pools(snapshot).values():
+    for pool in (pool_map or pools(snapshot)).values():
         if allowed is not None and pool.gpu_type not in allowed:
             continue
         spec = catalog[pool.gpu_type]
@@ -139,4 +139,18 @@ def _current_grid(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator,
 
 
 def enumerate_grids(snapshot: ClusterSnapshot, estimator: PerfEstimator, **kw) -> dict[str, list[Grid]]:
-    return {j.id: job_grids(j, snapshot, estimator, **kw) for j in snapshot.jobs}
+    pool_map = pools(snapshot)
+    return {j.id: drop_dominated(job_grids(j, snapshot, estimator, pool_map=pool_map, **kw)) for j in snapshot.jobs}
+
+
+def drop_dominated(grids: list[Grid]) -> list[Grid]:
+    """A grid is never worth choosing when a grid of the same pool takes no more GPUs and runs at least
+    as fast (and it is not the running allocation, whose restart-free value is special)."""
+    keep = []
+    for g in grids:
+        if not g.current and any(h is not g and h.pool == g.pool and h.num_gpus <= g.num_gpus
+                                 and h.throughput >= g.throughput and (h.num_gpus, -h.throughput) < (g.num_gpus, -g.throughput)
+                                 for h in grids):
+            continue
+        keep.append(g)
+    return keep

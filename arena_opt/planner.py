@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from arena_opt.gpus import GpuSpec
-from arena_opt.perf.analytical import GIB, CostParams, layer_costs, links_for
+from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, links_for
 from arena_opt.perf.compose import LayerCosts, evaluate_split, split_stages
 from arena_opt.plan import Plan
 from models.catalog import Arch
-from models.layers import layer_table
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class Planner:
 
     def _plan(self, arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp) -> GridPlans:
         n_gpus = nodes * gpus_per_node
-        table = layer_table(arch)
+        table = cost_table(arch, self.params)
         if n_gpus % pp or pp > table.num_layers:
             return GridPlans(None)
         links = links_for(gpu, intra_link, self.params)

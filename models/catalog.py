@@ -34,7 +34,7 @@ class Arch(BaseModel):
     gated_mlp: bool = False  # SwiGLU (3 matrices) as in LLaMA
     flash_attention: bool = False  # fused attention stores no s x s score matrices
     num_experts: PositiveInt = 1  # MoE: experts per MoE layer
-    moe_every: PositiveInt = 1  # MoE: every k-th block has an expert FFN (Alpa: every block)
+    moe_every: PositiveInt = 1  # MoE: every k-th block has an expert FFN (Alpa: every second block)
     moe_top_k: PositiveInt = 2  # tokens routed to k experts (GShard top-2)
     # wide-resnet
     image_size: PositiveInt = 224
@@ -70,8 +70,10 @@ def _gpt(name: str, family: Family, layers: int, hidden: int, heads: int, vocab:
 
 
 def _moe(name: str, layers: int, hidden: int, heads: int, experts: int) -> Arch:
+    # Alpa's MoE (alpa/model/moe.py, Arena's moe_trainer.py): experts in every second block,
+    # FFN width 8 x hidden; with these the parameter counts match the size labels
     return Arch(name=name, family="moe", num_layers=layers, hidden=hidden, heads=heads,
-                vocab=32000, seq_len=1024, num_experts=experts)
+                vocab=32000, seq_len=1024, num_experts=experts, ffn=8 * hidden, moe_every=2)
 
 
 def _wresnet(name: str, depth: Literal[50, 101, 152], channels: int, width: int) -> Arch:

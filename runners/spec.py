@@ -42,7 +42,8 @@ class TrainSpec(BaseModel):
     lr: PositiveFloat = 1e-3
     seed: NonNegativeInt = 0
     dp_mode: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="ddp: DistributedDataParallel when tp = 1, FSDP2 otherwise; fsdp: FSDP2 always")
+        "ddp", description="ddp: DistributedDataParallel for pure data parallel plans, FSDP2 when combined "
+                      "with tp or pp; fsdp: FSDP2 always")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     run_dir: str = Field(description="progress.jsonl and the control file live here")
     ckpt_dir: str
@@ -57,10 +58,7 @@ class TrainSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainSpec":
-        if isinstance(self.model, str):
-            if arena_model_name(self.model) not in ARCHITECTURES:
-                raise ValueError(f"model: unknown model {self.model!r}")
-            self.model = arena_model_name(self.model)
+        self.model = check_model_name(self.model)
         split = self.plan.dp * self.plan.num_microbatches
         if self.global_batch % split:
             raise ValueError(f"global_batch {self.global_batch} is not divisible by dp x num_microbatches "
@@ -68,14 +66,27 @@ class TrainSpec(BaseModel):
         return self
 
     def arch(self) -> Arch:
-        from models.torch_layers import scaled_arch
-
-        base = self.model if isinstance(self.model, Arch) else ARCHITECTURES[self.model]
-        return base if self.scale is None else scaled_arch(base, **self.scale.model_dump())
+        return resolve_arch(self.model, self.scale)
 
     @property
     def world_size(self) -> int:
         return self.plan.num_gpus
+
+
+def resolve_arch(model: str | Arch, scale: Scale | None) -> Arch:
+    """The architecture a job trains: the catalog's (or inline) one, scaled down unless scale is None."""
+    from models.torch_layers import scaled_arch
+
+    base = model if isinstance(model, Arch) else ARCHITECTURES[arena_model_name(model)]
+    return base if scale is None else scaled_arch(base, **scale.model_dump())
+
+
+def check_model_name(model: str | Arch) -> str | Arch:
+    if isinstance(model, str):
+        if arena_model_name(model) not in ARCHITECTURES:
+            raise ValueError(f"unknown model {model!r}")
+        return arena_model_name(model)
+    return model
 
 
 class SpecError(ValueError):

@@ -1,20 +1,41 @@
 """Analytical per-layer costs: FLOPs and bytes on each GPU type's roofline, collectives
-on the link they cross (alpha-beta), memory of mixed-precision Adam training."""
+on the link they cross (alpha-beta), memory of mixed-precision Adam training.
+
+Every time is linear in a few rates (`RATE_NAMES`): a layer's forward pass is
+
+    flops / (compute_eff * peak) + bytes / (mem_eff * mem_bw) + layer_overhead
+
+(matrix products run at the compute roof, the element-wise operations around them at
+the memory roof: the per-operator roofline summed over a layer), and a collective is
+bytes / (comm_eff * bandwidth) + messages * alpha. `layer_terms` returns the
+coefficients of each rate, `LayerTerms.costs` multiplies them out; `calibrate`
+fits the rates to measured tables on these same coefficients.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from arena_opt.gpus import GpuSpec
+from arena_opt.perf.comm import LINK_DEFAULTS
 from arena_opt.perf.compose import LayerCosts
-from models.layers import BYTES_FP16, LayerTable
+from models.catalog import Arch
+from models.layers import BYTES_FP16, LayerTable, layer_table
 
 GIB = 1024 ** 3
-# fp16 weights + fp16 grads + fp32 master weights, Adam m and v (Rajbhandari et al., ZeRO)
+# fp16 weights + fp16 grads + fp32 master weights, Adam m and v (Rajbhandari et al., ZeRO);
+# fp32 training holds 4 + 4 + 8, the same 16 bytes
 BYTES_PER_PARAM_TRAIN = 2 + 2 + 12
+# element-wise traffic of a forward pass per stored activation byte: written once, read once
+EW_TRAFFIC_PER_ACT_BYTE = 2.0
+
+Dtype = Literal["fp16", "bf16", "fp32"]
+RATE_NAMES = ("compute", "memory", "launch", "intra", "inter", "fixed", "saturation")
 
 
 class CostParams(BaseModel):
@@ -25,33 +46,58 @@ class CostParams(BaseModel):
     compute_eff: dict[str, PositiveFloat] = Field(default_factory=dict,
                                                    description="achieved fraction of peak FLOP/s per GPU type")
     default_compute_eff: PositiveFloat = 0.45
+    fp32_eff_scale: PositiveFloat = Field(1.0, description="fp32 (CUDA-core) efficiency relative to the "
+                                                           "tensor-core one, shared by all GPU types")
     mem_eff: PositiveFloat = 0.7  # achieved fraction of memory bandwidth
-    comm_eff: PositiveFloat = 0.7  # achieved fraction of link bandwidth in collectives
-    alpha_intra_s: PositiveFloat = 10e-6  # per-message latency inside a node
-    alpha_inter_s: PositiveFloat = 30e-6  # per-message latency across nodes
+    intra_eff: dict[str, PositiveFloat] = Field(
+        default_factory=lambda: {k: LINK_DEFAULTS[k].efficiency for k in ("nvlink", "pcie")},
+        description="achieved fraction of the intra-node link bandwidth in collectives, per link kind")
+    inter_comm_eff: PositiveFloat = 0.7  # achieved fraction of the network bandwidth
+    alpha_intra_s: NonNegativeFloat = 10e-6  # per-message latency inside a node
+    alpha_inter_s: NonNegativeFloat = 30e-6  # per-message latency across nodes
     mem_reserve_gib: float = Field(1.5, ge=0, description="CUDA context, allocator slack, workspace")
     layer_overhead_s: float = Field(40e-6, ge=0, description="kernel launches per layer and pass")
+    layer_fixed_flops: float = Field(0.0, ge=0, description=(
+        "work a GPU needs to fill up: each layer pass costs this many FLOPs more at the compute roof, so "
+        "small micro-batches run at flops / (flops + this) of the achieved rate (half-saturation work)"))
+    # Alpa's Wide-ResNet suite (the runs behind Arena's tables) trains in fp32; transformers in fp16
+    dtype_by_family: dict[str, Dtype] = Field(default_factory=lambda: {"wide_resnet": "fp32"})
+    moe_einsum_group: PositiveInt | None = Field(
+        None, description="GShard-style dense einsum dispatch with this expert group size (Alpa/Arena: "
+                          "2048) costs 8*group*hidden FLOPs per token; None = index dispatch (no FLOPs)")
 
-    def eff(self, gpu: str) -> float:
-        return self.compute_eff.get(gpu, self.default_compute_eff)
+    def eff(self, gpu: str, dtype: str = "fp16") -> float:
+        e = self.compute_eff.get(gpu, self.default_compute_eff)
+        return e * self.fp32_eff_scale if dtype == "fp32" else e
+
+    def link_eff(self, kind: str) -> float:
+        return self.intra_eff.get(kind, LINK_DEFAULTS[kind].efficiency)
+
+    def dtype(self, family: str) -> Dtype:
+        return self.dtype_by_family.get(family, "fp16")
 
 
 @dataclass(frozen=True)
 class Links:
-    """Bandwidths (bytes/s) and latencies (s) one job sees on its shape."""
+    """Nominal bandwidths (bytes/s, before `comm_eff`) and latencies (s) one job sees on its shape."""
 
     intra_bw: float
     inter_bw: float
     alpha_intra: float
     alpha_inter: float
+    intra_kind: str = "nvlink"
+
+
+def intra_link_kind(gpu: GpuSpec, intra_link: str | None) -> str:
+    return "nvlink" if (intra_link in (None, "nvlink") and gpu.nvlink_bw_gbs) else "pcie"
 
 
 def links_for(gpu: GpuSpec, intra_link: str | None, params: CostParams) -> Links:
-    nv = gpu.nvlink_bw_gbs if (intra_link in (None, "nvlink") and gpu.nvlink_bw_gbs) else None
-    intra = (nv or gpu.pcie_bw_gbs) * 1e9 * params.comm_eff
+    kind = intra_link_kind(gpu, intra_link)
+    intra = (gpu.nvlink_bw_gbs if kind == "nvlink" else gpu.pcie_bw_gbs) * 1e9
     # inter-node traffic also crosses PCIe to reach the NIC
-    inter = min(gpu.inter_node_bw_gbs, gpu.pcie_bw_gbs) * 1e9 * params.comm_eff
-    return Links(intra, inter, params.alpha_intra_s, params.alpha_inter_s)
+    inter = min(gpu.inter_node_bw_gbs, gpu.pcie_bw_gbs) * 1e9
+    return Links(intra, inter, params.alpha_intra_s, params.alpha_inter_s, kind)
 
 
 def allreduce_s(nbytes: np.ndarray | float, n: int, bw: float, alpha: float) -> np.ndarray | float:
@@ -61,44 +107,162 @@ def allreduce_s(nbytes: np.ndarray | float, n: int, bw: float, alpha: float) -> 
     return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * alpha
 
 
+@dataclass(frozen=True)
+class CostTable(LayerTable):
+    """A layer table as one runtime executes it: precision and implementation-specific FLOPs."""
+
+    dtype: Dtype = "fp16"
+    extra_flops: np.ndarray | None = None  # forward FLOPs per sample the layer table does not count
+
+    @property
+    def bytes_scale(self) -> float:
+        return 2.0 if self.dtype == "fp32" else 1.0  # the layer table counts 2-byte values
+
+
+@lru_cache(maxsize=None)
+def _cost_table(arch: Arch, dtype: Dtype, moe_group: int | None) -> CostTable:
+    t = layer_table(arch)
+    extra = np.zeros(t.num_layers)
+    if moe_group is not None and arch.family != "wide_resnet":
+        # dispatch einsum GSEC,GSM->EGCM and combine GSEC,GECM->GSM with capacity C = 2S/E:
+        # 4*S*h FLOPs per token each (Alpa's compute_moe_tflops counts the same)
+        is_moe = np.array([k == "moe_block" for k in t.kinds])
+        extra = np.where(is_moe, 8.0 * moe_group * arch.hidden * arch.seq_len, 0.0)
+    extra.setflags(write=False)
+    fields = {f: getattr(t, f) for f in t.__dataclass_fields__}
+    return CostTable(**fields, dtype=dtype, extra_flops=extra)
+
+
+def cost_table(arch: Arch, params: CostParams) -> CostTable:
+    return _cost_table(arch, params.dtype(arch.family), params.moe_einsum_group)
+
+
+def peak_flops(gpu: GpuSpec, dtype: str) -> float:
+    tflops = gpu.fp32_tflops if dtype == "fp32" and gpu.fp32_tflops else gpu.peak_tflops
+    return tflops * 1e12
+
+
+@dataclass(frozen=True)
+class LayerTerms:
+    """Coefficients (rates x layers) of each time field of `LayerCosts`, plus memory (bytes)."""
+
+    step: np.ndarray
+    p2p: np.ndarray
+    allreduce: np.ndarray
+    optim: np.ndarray
+    static_bytes: np.ndarray
+    act_bytes: np.ndarray
+    peak_bytes: np.ndarray
+
+    def costs(self, rates: np.ndarray) -> LayerCosts:
+        return LayerCosts(step_s=rates @ self.step, p2p_s=rates @ self.p2p, allreduce_s=rates @ self.allreduce,
+                          optim_s=rates @ self.optim, static_bytes=self.static_bytes, act_bytes=self.act_bytes,
+                          peak_bytes=self.peak_bytes)
+
+
+def rate_vector(params: CostParams, gpu_name: str, dtype: str = "fp16", intra_kind: str = "nvlink") -> np.ndarray:
+    """Values of `RATE_NAMES` for one GPU type, training precision and intra-node link."""
+    inv_eff = 1.0 / params.eff(gpu_name, dtype)
+    return np.array([inv_eff, 1.0 / params.mem_eff, params.layer_overhead_s, 1.0 / params.link_eff(intra_kind),
+                     1.0 / params.inter_comm_eff, 1.0, params.layer_fixed_flops * inv_eff])
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Per-layer quantities of one micro-batch on one GPU of a tp group (bytes already in the dtype)."""
+
+    b: float
+    flops: np.ndarray  # forward FLOPs
+    ew_bytes: np.ndarray  # forward memory traffic: weights + element-wise activation traffic
+    tp_bytes: np.ndarray  # bytes of one tp all-reduce set, forward
+    out_bytes: np.ndarray  # layer output sent to the next stage
+    shard_params: np.ndarray
+    full_act: np.ndarray
+    in_act: np.ndarray
+
+
+def micro_batch(table: LayerTable, b: float, tp: int) -> MicroBatch:
+    """Quantities for a micro-batch of b samples on one rank of a tp group."""
+    scale = getattr(table, "bytes_scale", 1.0)
+    extra = getattr(table, "extra_flops", None)
+    shard_frac = np.where(table.params > 0, table.tp_params / np.maximum(table.params, 1), 1.0)
+    flops = table.flops_fwd * b * (shard_frac / tp + (1 - shard_frac))
+    if extra is not None:
+        flops = flops + extra * b / tp
+    shard_params = table.tp_params / tp + (table.params - table.tp_params)
+    full_act = (table.act_shard / tp + table.act_rep) * b * scale
+    ew = shard_params * BYTES_FP16 * scale + EW_TRAFFIC_PER_ACT_BYTE * full_act
+    out_bytes = np.concatenate([table.act_in[1:], table.act_in[-1:]]) * b / tp * scale
+    return MicroBatch(b, flops, ew, table.tp_comm * b * scale, out_bytes, shard_params, full_act,
+                      table.act_in * b * scale)
+
+
+def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gpus_per_node: int, batch: int,
+                dp: int, tp: int, m: int, recompute: bool) -> LayerTerms:
+    """Per-layer coefficients for one micro-batch of batch/(dp*m) samples under tp-way sharding."""
+    q = micro_batch(table, batch / (dp * m), tp)
+    n = table.num_layers
+    V = len(RATE_NAMES)
+    peak = peak_flops(gpu, getattr(table, "dtype", "fp16"))
+    mbw = gpu.mem_bw_gbs * 1e9
+    passes = 4.0 if recompute else 3.0  # backward = 2 forwards, recomputation one more
+
+    step = np.zeros((V, n))
+    step[0] = passes * q.flops / peak
+    step[1] = passes * q.ew_bytes / mbw
+    step[2] = passes
+    step[6] = passes / peak
+    if tp > 1:
+        # forward and backward each all-reduce the tp partial sums
+        a, f = 2 * (tp - 1), 2 * (tp - 1) / tp
+        step[3] += 2 * f * q.tp_bytes / links.intra_bw
+        step[5] += 2 * a * links.alpha_intra * (q.tp_bytes > 0)
+
+    # stage boundaries cross nodes once a stage's dp x tp group fills a node
+    p2p_inter = nodes > 1 and dp * tp >= gpus_per_node
+    p2p = np.zeros((V, n))
+    p2p[4 if p2p_inter else 3] = 2 * q.out_bytes / (links.inter_bw if p2p_inter else links.intra_bw)
+    p2p[5] = 2 * (links.alpha_inter if p2p_inter else links.alpha_intra)
+
+    ar = np.zeros((V, n))
+    if dp > 1:
+        grad_bytes = q.shard_params * BYTES_FP16 * getattr(table, "bytes_scale", 1.0)
+        crosses = nodes > 1 and dp * tp > gpus_per_node
+        bw, alpha = (links.inter_bw, links.alpha_inter) if crosses else (links.intra_bw, links.alpha_intra)
+        ar[4 if crosses else 3] = 2 * (dp - 1) / dp * grad_bytes / bw
+        ar[5] = 2 * (dp - 1) * alpha * (grad_bytes > 0)
+
+    optim = np.zeros((V, n))
+    optim[1] = q.shard_params * BYTES_PER_PARAM_TRAIN * 2 / mbw  # read + write of all optimizer state
+
+    static = q.shard_params * BYTES_PER_PARAM_TRAIN
+    if recompute:
+        act, transient = q.in_act, q.full_act  # one layer's activations are rebuilt during its backward
+    else:
+        act, transient = q.full_act, np.zeros(n)
+    return LayerTerms(step, p2p, ar, optim, static, act, transient)
+
+
 def layer_costs(table: LayerTable, gpu: GpuSpec, gpu_name: str, links: Links, *, nodes: int,
                 gpus_per_node: int, batch: int, dp: int, tp: int, m: int, recompute: bool,
                 params: CostParams) -> LayerCosts:
     """Per-layer costs for one micro-batch of batch/(dp*m) samples under tp-way sharding."""
-    b = batch / (dp * m)
-    peak = gpu.peak_tflops * 1e12 * params.eff(gpu_name)
-    mbw = gpu.mem_bw_gbs * 1e9 * params.mem_eff
+    terms = layer_terms(table, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node, batch=batch, dp=dp, tp=tp,
+                        m=m, recompute=recompute)
+    return terms.costs(rate_vector(params, gpu_name, getattr(table, "dtype", "fp16"), links.intra_kind))
 
-    shard_frac = np.where(table.params > 0, table.tp_params / np.maximum(table.params, 1), 1.0)
-    flops = table.flops_fwd * b * (shard_frac / tp + (1 - shard_frac))
-    w_bytes = (table.tp_params / tp + (table.params - table.tp_params)) * BYTES_FP16
-    act_traffic = (table.act_shard / tp + table.act_rep) * b
-    # roofline per layer, plus launch overhead that dominates tiny micro-batches
-    fwd = np.maximum(flops / peak, (w_bytes + act_traffic) / mbw) + params.layer_overhead_s
-    bwd = 2 * fwd
-    tp_comm = allreduce_s(table.tp_comm * b, tp, links.intra_bw, links.alpha_intra) if tp > 1 else 0 * fwd
-    step = fwd + bwd + (fwd if recompute else 0.0) + 2 * tp_comm
 
-    # stage boundaries cross nodes once a stage's dp x tp group fills a node
-    p2p_bw, p2p_alpha = ((links.inter_bw, links.alpha_inter) if nodes > 1 and dp * tp >= gpus_per_node
-                         else (links.intra_bw, links.alpha_intra))
-    out_bytes = np.concatenate([table.act_in[1:], table.act_in[-1:]]) * b / tp
-    p2p = 2 * (out_bytes / p2p_bw + p2p_alpha)
+def roofline_load_s(table: LayerTable, gpu: GpuSpec, *, micro_batch_size: float, tp: int = 1,
+                    compute_eff: float = 1.0, mem_eff: float = 1.0) -> np.ndarray:
+    """Arena's per-layer computation load: forward time of each layer at its attainable
+    performance min(peak, arithmetic intensity x memory bandwidth) on this GPU."""
+    q = micro_batch(table, micro_batch_size, tp)
+    peak = peak_flops(gpu, getattr(table, "dtype", "fp16")) * compute_eff
+    bw = gpu.mem_bw_gbs * 1e9 * mem_eff
+    intensity = q.flops / np.maximum(q.ew_bytes, 1.0)
+    attainable = np.minimum(peak, intensity * bw)
+    return np.where(q.flops > 0, q.flops / np.maximum(attainable, 1.0), q.ew_bytes / bw)
 
-    shard_params = table.tp_params / tp + (table.params - table.tp_params)
-    grad_bytes = shard_params * BYTES_FP16
-    dp_crosses = nodes > 1 and dp * tp > gpus_per_node
-    bw, alpha = (links.inter_bw, links.alpha_inter) if dp_crosses else (links.intra_bw, links.alpha_intra)
-    ar = allreduce_s(grad_bytes, dp, bw, alpha) if dp > 1 else 0 * grad_bytes
-    optim = shard_params * BYTES_PER_PARAM_TRAIN * 2 / mbw  # read + write of all optimizer state
 
-    static = shard_params * BYTES_PER_PARAM_TRAIN
-    full_act = (table.act_shard / tp + table.act_rep) * b
-    if recompute:
-        act = table.act_in * b
-        transient = full_act  # one layer's activations are rebuilt during its backward
-    else:
-        act = full_act
-        transient = np.zeros_like(full_act)
-    return LayerCosts(step_s=step, p2p_s=p2p, allreduce_s=ar, optim_s=optim, static_bytes=static,
-                      act_bytes=act, peak_bytes=transient)
+__all__ = ["GIB", "CostParams", "CostTable", "Links", "LayerTerms", "RATE_NAMES", "allreduce_s", "cost_table",
+           "layer_costs", "layer_terms", "links_for", "peak_flops", "rate_vector", "roofline_load_s"]

@@ -10,7 +10,7 @@ micro-batch; it runs m micro-batches plus a bubble of (pp-1) micro-batch slots,
 then all-reduces its gradients across dp. The iteration ends when the slowest
 stage has finished:
 
-    iter = max_k [ (m + pp - 1) * T_k + AR_k ] + optimizer step
+    iter = max_k [ (m + pp - 1) * T_k + AR_k + OPT_k ]
 
 `split_stages` finds the contiguous layer split that minimizes this under the
 memory limit exactly (min-max dynamic program over prefixes).
@@ -29,7 +29,7 @@ class LayerCosts:
 
     step_s: np.ndarray  # fwd + bwd (+ recompute fwd) + tp collectives, one micro-batch
     p2p_s: np.ndarray  # sending this layer's output to the next stage, fwd + bwd, one micro-batch
-    allreduce_s: np.ndarray  # dp gradient all-reduce of this layer's parameters
+    allreduce_s: np.ndarray  # dp gradient all-reduce of this layer's parameters (what is not hidden)
     optim_s: np.ndarray  # optimizer update of this layer's shard
     static_bytes: np.ndarray  # weights + grads + optimizer state on one GPU
     act_bytes: np.ndarray  # activations kept per in-flight micro-batch on one GPU
@@ -49,38 +49,55 @@ class StageSplit:
 
 
 def _prefix(x: np.ndarray) -> np.ndarray:
-    return np.concatenate([[0.0], np.cumsum(x)])
+    out = np.zeros(len(x) + 1)
+    np.cumsum(x, out=out[1:])
+    return out
+
+
+class _Segments:
+    """Sums over every segment [j, i) as (L+1) x (L+1) matrices; invalid segments (i <= j) are +inf.
+    Only two cost matrices exist (the last stage sends no p2p) and memory differs per stage only by
+    the number of micro-batches in flight, so stage matrices are formed on demand."""
+
+    def __init__(self, lc: LayerCosts, pp: int, m: int):
+        n = lc.num_layers
+        j = np.arange(n + 1)[:, None]
+        i = np.arange(n + 1)[None, :]
+        self.valid = i > j
+        self.pp, self.m = pp, m
+
+        def seg(x: np.ndarray) -> np.ndarray:
+            p = _prefix(x)
+            return p[None, :] - p[:, None]
+
+        step = seg(lc.step_s)
+        tail = seg(lc.allreduce_s) + seg(lc.optim_s)
+        p2p_last = np.concatenate([[0.0], lc.p2p_s])[None, :]  # output of the segment's last layer
+        self.t_mid = np.where(self.valid, step + p2p_last, np.inf)
+        self.t_last = np.where(self.valid, step, np.inf)
+        self.cost_mid = (m + pp - 1) * self.t_mid + tail
+        self.cost_last = (m + pp - 1) * self.t_last + tail
+        self.static = seg(lc.static_bytes)
+        self.act = seg(lc.act_bytes)
+        # running max of transient memory from j to i - 1, one vectorized accumulate along rows
+        peak = np.where(self.valid, np.concatenate([[0.0], lc.peak_bytes])[None, :], -np.inf)
+        self.peak = np.maximum(np.maximum.accumulate(peak, axis=1), 0.0)
+
+    def cost(self, k: int) -> np.ndarray:
+        return self.cost_last if k == self.pp - 1 else self.cost_mid
+
+    def time(self, k: int) -> np.ndarray:
+        return self.t_last if k == self.pp - 1 else self.t_mid
+
+    def mem(self, k: int) -> np.ndarray:
+        inflight = min(self.m, self.pp - k)
+        return np.where(self.valid, self.static + inflight * self.act + self.peak, np.inf)
 
 
 def segment_matrices(lc: LayerCosts, pp: int, m: int):
-    """Cost and memory of every segment [j, i) as (L+1) x (L+1) matrices for each stage index.
-    Invalid segments (i <= j) are +inf."""
-    n = lc.num_layers
-    j = np.arange(n + 1)[:, None]
-    i = np.arange(n + 1)[None, :]
-    valid = i > j
-    ps, pa, po, pstat = (_prefix(lc.step_s), _prefix(lc.allreduce_s), _prefix(lc.optim_s),
-                         _prefix(lc.static_bytes))
-    pact = _prefix(lc.act_bytes)
-    # outgoing p2p: output of the segment's last layer (i - 1)
-    p2p_last = np.concatenate([[0.0], lc.p2p_s])[i]
-    step = ps[i] - ps[j]
-    ar = pa[i] - pa[j]
-    opt = po[i] - po[j]
-    static = pstat[i] - pstat[j]
-    act = pact[i] - pact[j]
-    # running max of transient memory over the segment
-    peak = np.full((n + 1, n + 1), 0.0)
-    for a in range(n):
-        peak[a, a + 1:] = np.maximum.accumulate(lc.peak_bytes[a:])
-    out = []
-    for k in range(pp):
-        t = step + (p2p_last if k < pp - 1 else 0.0)
-        cost = (m + pp - 1) * t + ar + opt
-        inflight = min(m, pp - k)
-        mem = static + inflight * act + peak
-        out.append((np.where(valid, cost, np.inf), np.where(valid, mem, np.inf), np.where(valid, t, np.inf)))
-    return out
+    """(cost, memory, T) matrices over segments [j, i) for each stage index (invalid = +inf)."""
+    s = _Segments(lc, pp, m)
+    return [(s.cost(k), s.mem(k), s.time(k)) for k in range(pp)]
 
 
 def split_stages(lc: LayerCosts, pp: int, m: int, mem_cap_bytes: float) -> StageSplit | None:
@@ -88,18 +105,16 @@ def split_stages(lc: LayerCosts, pp: int, m: int, mem_cap_bytes: float) -> Stage
     n = lc.num_layers
     if pp > n:
         return None
-    mats = segment_matrices(lc, pp, m)
-    inf = np.inf
+    s = _Segments(lc, pp, m)
     # f[i] = best bottleneck for the first i layers in k+1 stages
-    cost0, mem0, _ = mats[0]
-    f = np.where(mem0[0] <= mem_cap_bytes, cost0[0], inf)
+    f = np.where(s.mem(0)[0] <= mem_cap_bytes, s.cost(0)[0], np.inf)
     choice = [np.zeros(n + 1, dtype=int)]
+    cols = np.arange(n + 1)
     for k in range(1, pp):
-        cost, mem, _ = mats[k]
-        c = np.where(mem <= mem_cap_bytes, cost, inf)
+        c = np.where(s.mem(k) <= mem_cap_bytes, s.cost(k), np.inf)
         cand = np.maximum(f[:, None], c)  # [j, i]
         arg = np.argmin(cand, axis=0)
-        f = cand[arg, np.arange(n + 1)]
+        f = cand[arg, cols]
         choice.append(arg)
     if not np.isfinite(f[n]):
         return None
@@ -108,15 +123,23 @@ def split_stages(lc: LayerCosts, pp: int, m: int, mem_cap_bytes: float) -> Stage
         bounds.append(int(choice[k][bounds[-1]]))
     bounds.append(0)
     bounds.reverse()
-    stages = [(bounds[k], bounds[k + 1]) for k in range(pp)]
-    return evaluate_split(lc, stages, m, mats)
+    return _evaluate(lc, [(bounds[k], bounds[k + 1]) for k in range(pp)], m)
 
 
 def evaluate_split(lc: LayerCosts, stages: list[tuple[int, int]], m: int, mats=None) -> StageSplit:
-    """Iteration time and memory of a given split (the same formula the DP minimizes)."""
+    """Iteration time and memory of a given split (the same formula the DP minimizes).
+    `mats` is accepted for backward compatibility and ignored: direct sums are cheaper."""
+    return _evaluate(lc, list(stages), m)
+
+
+def _evaluate(lc: LayerCosts, stages: list[tuple[int, int]], m: int) -> StageSplit:
     pp = len(stages)
-    mats = mats or segment_matrices(lc, pp, m)
-    costs = [float(mats[k][0][a, b]) for k, (a, b) in enumerate(stages)]
-    mems = [float(mats[k][1][a, b]) for k, (a, b) in enumerate(stages)]
-    times = [float(mats[k][2][a, b]) for k, (a, b) in enumerate(stages)]
-    return StageSplit(stages=list(stages), iter_time_s=max(costs), stage_time_s=times, mem_bytes=mems)
+    costs, mems, times = [], [], []
+    for k, (a, b) in enumerate(stages):
+        t = float(lc.step_s[a:b].sum()) + (float(lc.p2p_s[b - 1]) if k < pp - 1 else 0.0)
+        costs.append((m + pp - 1) * t + float(lc.allreduce_s[a:b].sum()) + float(lc.optim_s[a:b].sum()))
+        inflight = min(m, pp - k)
+        mems.append(float(lc.static_bytes[a:b].sum()) + inflight * float(lc.act_bytes[a:b].sum())
+                    + max(0.0, float(lc.peak_bytes[a:b].max())))
+        times.append(t)
+    return StageSplit(stages=stages, iter_time_s=max(costs), stage_time_s=times, mem_bytes=mems)

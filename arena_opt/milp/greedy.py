@@ -1,0 +1,64 @@
+"""Greedy feasible selection: the fallback when the solver returns no incumbent, and the repair
+step after shards are merged. Packs on explicit per-node free counts, so its result is
+feasible by construction."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from arena_opt.milp.problem import ClusterProblem
+
+
+class _Free:
+    """Free GPUs per node slot of every pool (occupied nodes first, then empty ones)."""
+
+    def __init__(self, p: ClusterProblem, kept: set[int]):
+        self.g = {key: pi.gpus_per_node for key, pi in p.pools.items()}
+        self.cap: dict[tuple, list[int]] = {}
+        for key, pi in p.pools.items():
+            caps = [pi.gpus_per_node - sum(n for j, n in users if j in kept) for users in pi.occupied.values()]
+            self.cap[key] = caps + [pi.gpus_per_node] * pi.empty_nodes
+
+    def take(self, key: tuple, units: int) -> bool:
+        caps, g = self.cap[key], self.g[key]
+        if units >= g:
+            whole = [i for i, c in enumerate(caps) if c == g]
+            if len(whole) < units // g:
+                return False
+            for i in whole[: units // g]:
+                caps[i] = 0
+            return True
+        fits = [i for i, c in enumerate(caps) if c >= units]
+        if not fits:
+            return False
+        i = min(fits, key=lambda i: caps[i])
+        caps[i] -= units
+        return True
+
+
+def greedy_select(p: ClusterProblem, fixed: dict[int, int] | None = None, keep_running: bool = True) -> dict[int, int]:
+    sel: dict[int, int] = dict(fixed or {})
+    if keep_running:
+        for k in np.flatnonzero(p.current):
+            sel.setdefault(int(p.job_of[k]), int(k))
+    kept = {j for j, k in sel.items() if p.current[k]}
+    free = _Free(p, kept)
+    # place what is already selected, largest first, as the placement step will
+    for j, k in sorted(sel.items(), key=lambda jk: -p.units[jk[1]]):
+        if not p.current[k] and not free.take(p.pool_of[k], int(p.units[k])):
+            raise RuntimeError(f"fixed selection does not pack (job {p.job_ids[j]})")
+    moved = sum(1 for j in np.flatnonzero(p.running) if j not in sel or not p.current[sel[j]])
+    order = sorted((j for j in range(p.num_jobs) if j not in sel and len(p.grids_of(j))),
+                   key=lambda j: -max(p.value[k] / max(p.units[k], 1) for k in p.grids_of(j)))
+    for j in order:
+        if p.running[j] and p.max_reconfigs is not None and moved > p.max_reconfigs:
+            continue
+        for k in sorted(p.grids_of(j), key=lambda k: -p.value[k]):
+            if p.value[k] <= 0 and not p.running[j]:
+                break
+            if p.current[k]:
+                continue  # its GPUs were counted free above: it can only restart, not stay
+            if free.take(p.pool_of[k], int(p.units[k])):
+                sel[j] = int(k)
+                break
+    return sel

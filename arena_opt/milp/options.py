@@ -1,0 +1,40 @@
+"""Options of the arena policy: objective weights and solver discipline, each with its default's reason."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+from arena_opt.reconfig import PRESETS, ReconfigModel
+
+
+class ArenaOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # --- objective -------------------------------------------------------------------------
+    sjf_exponent: NonNegativeFloat = Field(
+        1.0, description="value of a job scales with (median remaining time / its remaining time)^this; "
+                         "1 = the Smith-rule weighting that minimizes average completion time, 0 = off")
+    sjf_clip: PositiveFloat = Field(100.0, description="cap on that ratio, so a nearly finished job "
+                                                       "cannot dominate the whole round")
+    aging_per_hour: NonNegativeFloat = Field(
+        0.25, description="waiting jobs gain this fraction of their value per hour waited, so nothing starves")
+    max_aging: NonNegativeFloat = Field(20.0, description="cap on the aging multiplier")
+    horizon_s: PositiveFloat = Field(
+        300.0, description="planning horizon (the scheduling interval): a restart of R seconds loses "
+                           "R/horizon of the job's value this round")
+    reconfig: ReconfigModel = Field(default_factory=lambda: PRESETS["checkpoint"].model_copy())
+    deadline_weight: NonNegativeFloat = Field(
+        10.0, description="penalty per unit of missing fraction of the throughput a deadline needs, in units "
+                         "of the most valuable job's value (x the job's weight)")
+    gpu_epsilon: NonNegativeFloat = Field(
+        1e-3, description="per-GPU tie-breaker: of two grids with equal value, take the smaller")
+    max_reconfigs_per_round: NonNegativeInt | None = Field(
+        None, description="cap on running jobs reshaped, migrated or preempted in one round")
+    max_gpus_per_job: PositiveInt = 16
+    # --- solver ----------------------------------------------------------------------------
+    time_limit_s: PositiveFloat = 10.0
+    mip_gap: NonNegativeFloat = Field(0.01, description="relative gap; 1e-2 is 5-7x faster than 1e-3 "
+                                                        "at 1,000 jobs for 0.6% objective (shared/MEASURED.md)")
+    threads: PositiveInt = Field(1, description="HiGHS threads; fixed per process after the first solve")
+    shards: PositiveInt = Field(1, description="split level 1 into this many independent job/node shards")
+    seed: int = 0

@@ -1,0 +1,173 @@
+"""Level 1 as plain data: one binary per grid, packing per node pool, objective values.
+
+The Pyomo model, the greedy fallback, the shard splitter and the brute-force tests all
+read this one description, so they agree on what is feasible and what it is worth.
+
+Exact node packing. In a pool with G GPUs per node, grids take power-of-two units
+(sub-node grids their GPU count inside one node, multi-node grids G per whole node).
+Items whose sizes divide each other fit into bins of free capacities c_b iff for every
+size threshold s: sum of units of items >= s <= sum_b s * floor(c_b / s)
+(largest-first best-fit achieves it). Free capacity of a node depends on which running
+jobs keep their place, so floor(c_b / s) is an integer variable w[b, s] with
+s * w[b, s] + (GPUs kept on b) <= G.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from arena_opt.grids import Grid, pools
+from arena_opt.milp.options import ArenaOptions
+from arena_opt.snapshot import ClusterSnapshot
+
+
+@dataclass
+class PoolInfo:
+    key: tuple
+    gpus_per_node: int
+    empty_nodes: int  # nodes that no running job occupies
+    occupied: dict[str, list[tuple[int, int]]]  # node id -> [(job index, GPUs it holds there)]
+    thresholds: list[int]
+
+
+@dataclass
+class ClusterProblem:
+    job_ids: list[str]
+    grids: list[Grid]
+    job_of: np.ndarray  # grid -> job index
+    value: np.ndarray  # objective coefficient of each grid
+    units: np.ndarray  # node units the grid takes in its pool
+    pool_of: list[tuple]
+    current: np.ndarray  # grid is its job's running allocation
+    throughput: np.ndarray
+    pools: dict[tuple, PoolInfo]
+    running: np.ndarray  # job is running now
+    preempt_penalty: np.ndarray  # per job, paid when a running job gets no grid
+    deadline_need: np.ndarray  # samples/s a job needs to meet its deadline (0 = none or hopeless)
+    deadline_weight: np.ndarray  # per job penalty per unit of missing fraction
+    max_reconfigs: int | None
+    waiting_reason: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_jobs(self) -> int:
+        return len(self.job_ids)
+
+    def grids_of(self, j: int) -> np.ndarray:
+        return np.flatnonzero(self.job_of == j)
+
+    # --- evaluation, shared by greedy, shards and tests ----------------------------------------
+    def objective(self, sel: dict[int, int]) -> float:
+        """Objective of a selection job index -> grid index (jobs absent get nothing)."""
+        total = float(sum(self.value[k] for k in sel.values()))
+        for j in np.flatnonzero(self.running):
+            if j not in sel:
+                total -= self.preempt_penalty[j]
+        for j in np.flatnonzero(self.deadline_need > 0):
+            got = self.throughput[sel[j]] if j in sel else 0.0
+            total -= self.deadline_weight[j] * max(0.0, 1 - got / self.deadline_need[j])
+        return total
+
+    def feasible(self, sel: dict[int, int]) -> bool:
+        if self.max_reconfigs is not None:
+            moved = sum(1 for j in np.flatnonzero(self.running) if j not in sel or not self.current[sel[j]])
+            if moved > self.max_reconfigs:
+                return False
+        kept = {j for j, k in sel.items() if self.current[k]}
+        for key, p in self.pools.items():
+            items = [self.units[k] for k in sel.values() if self.pool_of[k] == key and not self.current[k]]
+            caps = [p.gpus_per_node] * p.empty_nodes
+            for users in p.occupied.values():
+                caps.append(p.gpus_per_node - sum(g for j, g in users if j in kept))
+            for s in p.thresholds:
+                if sum(u for u in items if u >= s) > sum(s * (c // s) for c in caps):
+                    return False
+        return True
+
+
+def _thresholds(g: int) -> list[int]:
+    out, s = [], 1
+    while s < g:
+        out.append(s)
+        s *= 2
+    out.append(g)
+    return out
+
+
+def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts: ArenaOptions) -> ClusterProblem:
+    jobs = snapshot.jobs
+    jidx = {j.id: i for i, j in enumerate(jobs)}
+    flat: list[Grid] = [g for j in jobs for g in grids.get(j.id, [])]
+    n = len(jobs)
+    job_of = np.array([jidx[g.job_id] for g in flat], dtype=int)
+    tput = np.array([g.throughput for g in flat], dtype=float)
+    gpus = np.array([g.num_gpus for g in flat], dtype=float)
+    current = np.array([g.current for g in flat], dtype=bool)
+    running = np.array([j.running is not None for j in jobs], dtype=bool)
+
+    # per-job reference: best throughput over its grids; remaining time at that speed
+    best = np.zeros(n)
+    if len(flat):
+        np.maximum.at(best, job_of, tput)
+    rem_samples = np.array([j.remaining_iterations * j.batch_size for j in jobs], dtype=float)
+    rem_time = np.where(best > 0, rem_samples / np.maximum(best, 1e-12), np.inf)
+    finite = rem_time[np.isfinite(rem_time) & (rem_time > 0)]
+    med = float(np.median(finite)) if len(finite) else 1.0
+    sjf = np.clip(med / np.maximum(rem_time, 1e-9), 1.0 / opts.sjf_clip, opts.sjf_clip) ** opts.sjf_exponent
+    waited_h = np.array([0.0 if j.running else max(0.0, snapshot.time - j.submit_time) / 3600 for j in jobs])
+    aging = 1 + np.minimum(opts.aging_per_hour * waited_h, opts.max_aging)
+    weight = np.array([j.weight for j in jobs])
+    base = weight * sjf * aging
+
+    norm = tput / np.maximum(best[job_of], 1e-12)
+    value = base[job_of] * norm
+    restart = np.zeros(len(flat))
+    for k, g in enumerate(flat):
+        job = jobs[job_of[k]]
+        if g.current:
+            continue
+        restart[k] = opts.reconfig.delay_s(job.arch, g.num_gpus, resumed=job.total_iterations > job.remaining_iterations)
+    value -= value * np.minimum(1.0, restart / opts.horizon_s)
+    value -= opts.gpu_epsilon * base[job_of] * gpus / opts.max_gpus_per_job
+
+    preempt = np.zeros(n)
+    for k in np.flatnonzero(current):
+        j = job_of[k]
+        # a preempted job loses its current value for the round plus a restart later
+        preempt[j] = max(0.0, value[k]) * min(1.0, opts.reconfig.delay_s(jobs[j].arch, int(gpus[k]), resumed=True)
+                                              / opts.horizon_s)
+
+    need = np.zeros(n)
+    dweight = np.zeros(n)
+    for i, j in enumerate(jobs):
+        if j.deadline is None or best[i] <= 0:
+            continue
+        left = j.deadline - snapshot.time
+        req = rem_samples[i] / left if left > 0 else np.inf
+        if req <= best[i]:  # only deadlines that some grid can still meet are enforced
+            need[i] = req
+            # scaled by the largest job value so that a reachable deadline outweighs any one job's value
+            dweight[i] = opts.deadline_weight * float(base.max()) * j.weight
+
+    pinfo: dict[tuple, PoolInfo] = {}
+    node_pool = {}
+    for key, p in pools(snapshot).items():
+        pinfo[key] = PoolInfo(key, p.gpus_per_node, 0, {}, _thresholds(p.gpus_per_node))
+        for nid in p.node_ids:
+            node_pool[nid] = key
+    for i, j in enumerate(jobs):
+        if j.running:
+            for nid, gs in j.running.placement.items():
+                pinfo[node_pool[nid]].occupied.setdefault(nid, []).append((i, len(gs)))
+    for key, p in pools(snapshot).items():
+        pinfo[key].empty_nodes = sum(1 for nid in p.node_ids if nid not in pinfo[key].occupied)
+
+    units = np.array([g.node_units(pinfo[g.pool].gpus_per_node) for g in flat], dtype=int)
+    reasons = {j.id: "no grid fits: the model does not fit in memory on any allowed GPU type and count"
+               for j in jobs if not grids.get(j.id)}
+    return ClusterProblem(
+        job_ids=[j.id for j in jobs], grids=flat, job_of=job_of, value=value, units=units,
+        pool_of=[g.pool for g in flat], current=current, throughput=tput, pools=pinfo, running=running,
+        preempt_penalty=preempt, deadline_need=need, deadline_weight=dweight,
+        max_reconfigs=opts.max_reconfigs_per_round, waiting_reason=reasons)

@@ -1,0 +1,82 @@
+"""Split level 1 into independent shards (disjoint jobs and nodes), solve each, merge, repair.
+
+Jobs that share a node through their running placements stay in one shard with that node;
+empty nodes of every pool are dealt evenly. Shards are feasible on disjoint capacity, so
+their union is feasible; the greedy repair then fills capacity a shard left unused with
+jobs of other shards."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from arena_opt.milp.greedy import greedy_select
+from arena_opt.milp.problem import ClusterProblem, PoolInfo
+
+
+def _components(p: ClusterProblem) -> list[list[int]]:
+    parent = list(range(p.num_jobs))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for pi in p.pools.values():
+        for users in pi.occupied.values():
+            for j, _ in users[1:]:
+                parent[find(j)] = find(users[0][0])
+    comps: dict[int, list[int]] = {}
+    for j in range(p.num_jobs):
+        comps.setdefault(find(j), []).append(j)
+    return list(comps.values())
+
+
+def split(p: ClusterProblem, shards: int, seed: int = 0) -> list[tuple[ClusterProblem, np.ndarray]]:
+    """Sub-problems and, for each, the original job index of its jobs."""
+    rng = np.random.default_rng(seed)
+    comps = _components(p)
+    rng.shuffle(comps)
+    # big components first so shards stay balanced in jobs
+    comps.sort(key=len, reverse=True)
+    members: list[list[int]] = [[] for _ in range(shards)]
+    for c in comps:
+        min(members, key=len).extend(c)
+    out = []
+    for s, jobs in enumerate(members):
+        jobs_arr = np.array(sorted(jobs), dtype=int)
+        out.append((_restrict(p, jobs_arr, s, shards), jobs_arr))
+    return out
+
+
+def _restrict(p: ClusterProblem, jobs: np.ndarray, s: int, shards: int) -> ClusterProblem:
+    new_j = {int(j): i for i, j in enumerate(jobs)}
+    ks = np.array([k for k in range(len(p.grids)) if int(p.job_of[k]) in new_j], dtype=int)
+    pools = {}
+    for key, pi in p.pools.items():
+        occ = {nid: [(new_j[j], g) for j, g in users] for nid, users in pi.occupied.items()
+               if users[0][0] in new_j}
+        share = pi.empty_nodes // shards + (1 if s < pi.empty_nodes % shards else 0)
+        pools[key] = PoolInfo(key, pi.gpus_per_node, share, occ, pi.thresholds)
+    take = lambda a: a[jobs]  # noqa: E731
+    return replace(
+        p, job_ids=[p.job_ids[j] for j in jobs], grids=[p.grids[k] for k in ks],
+        job_of=np.array([new_j[int(p.job_of[k])] for k in ks], dtype=int), value=p.value[ks], units=p.units[ks],
+        pool_of=[p.pool_of[k] for k in ks], current=p.current[ks], throughput=p.throughput[ks], pools=pools,
+        running=take(p.running), preempt_penalty=take(p.preempt_penalty), deadline_need=take(p.deadline_need),
+        deadline_weight=take(p.deadline_weight),
+        max_reconfigs=None if p.max_reconfigs is None else max(0, p.max_reconfigs // shards))
+
+
+def merge(p: ClusterProblem, parts: list[tuple[dict[int, int], np.ndarray, ClusterProblem]]) -> dict[int, int]:
+    """Map shard selections back to the full problem and repair with the greedy fill."""
+    sel: dict[int, int] = {}
+    for sub_sel, jobs, sub in parts:
+        for j_sub, k_sub in sub_sel.items():
+            j = int(jobs[j_sub])
+            g = sub.grids[k_sub]
+            k = next(k for k in p.grids_of(j) if p.grids[k] is g)
+            sel[j] = int(k)
+    return greedy_select(p, fixed=sel, keep_running=False)

@@ -1,0 +1,332 @@
+"""Fit the analytical model's efficiencies to measured iteration times (Arena's `alpa_optimal` table).
+
+Each measured row is the iteration time of the best plan a runtime found for (model, batch, GPU
+type, nodes x GPUs per node); the model's counterpart is the fastest plan of that runtime's plan
+space (`RuntimeSpace`), each plan with its exact stage split.
+
+A plan's time with a fixed stage split is max over stages of (coefficients . rates), linear in the
+rates of `analytical.RATE_NAMES`. The fit enumerates every candidate plan once, keeps its per-stage
+coefficient rows, and minimizes a robust loss on log(predicted / measured) over the log-parameters
+with Nelder-Mead on these matrices (milliseconds per evaluation). The best split of a plan moves with
+the rates, so candidates are re-enumerated at the new rates and refitted until the loss settles.
+
+What is fitted (`FitSpec`):
+- one compute efficiency shared by all GPU types (fraction of each type's data-sheet peak): the
+  transferable part, used for any GPU type the fit has not seen;
+- then, optionally (`per_type`), one efficiency per fitted GPU type;
+- properties of the software stack and cluster shared by all types: fp32 efficiency relative to
+  tensor cores, memory-bandwidth efficiency, per-layer launch overhead and saturation work, the
+  efficiency of each intra-node link kind seen in the data, and of the network.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from arena_opt.gpus import BUILTIN_GPUS, GpuSpec
+from arena_opt.perf.analytical import (GIB, CostParams, cost_table, intra_link_kind, layer_terms, links_for,
+                                       rate_vector)
+from arena_opt.perf.compose import evaluate_split, split_stages
+from arena_opt.perf.table import PerfTable
+from arena_opt.plan import Plan
+from arena_opt.planner import microbatch_counts, tp_degrees
+from models.catalog import ARCHITECTURES, Arch
+
+# (low, high) of every fitted parameter; values are fitted in log space
+_BOUNDS = {"eff": (0.02, 1.0), "fp32_eff_scale": (0.05, 5.0), "mem_eff": (0.05, 1.0),
+           "layer_overhead_s": (1e-6, 5e-3), "layer_fixed_flops": (1e6, 1e12), "intra_eff": (0.01, 1.0),
+           "inter_comm_eff": (0.002, 1.0)}
+_START = {"layer_fixed_flops": 1e9}  # where the uncalibrated default (0) is no starting point in log space
+
+
+@dataclass(frozen=True)
+class Observation:
+    arch: Arch
+    batch: int
+    gpu_type: str
+    gpu: GpuSpec
+    intra_link: str | None
+    nodes: int
+    gpus_per_node: int
+    measured_s: float
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def observations(table: PerfTable, gpus: dict[str, GpuSpec] | None = None,
+                 intra_links: dict[str, str | None] | None = None) -> list[Observation]:
+    """Rows of a table with a finite time whose model and GPU type the catalogs know."""
+    gpus = gpus or BUILTIN_GPUS
+    intra_links = intra_links or {}
+    out = []
+    for (model, batch, gpu_type, nodes, gpn), t in sorted(table.times.items()):
+        if t is None or t > table.max_iter_time_s or model not in ARCHITECTURES or gpu_type not in gpus:
+            continue
+        out.append(Observation(ARCHITECTURES[model], batch, gpu_type, gpus[gpu_type], intra_links.get(gpu_type),
+                               nodes, gpn, t))
+    return out
+
+
+@dataclass(frozen=True)
+class RuntimeSpace:
+    """The plan space of the runtime whose measurements are fitted. Efficiencies are properties of
+    hardware and software stack; which plans exist is a property of the runtime, so the fit searches
+    the measured runtime's plans, not the planner's."""
+
+    microbatches: int | None = None  # fixed count (capped by the per-replica batch); None = the planner's
+    recompute: str = "auto"  # "auto": only when the plain plan does not fit (as the planner); "always"
+
+
+PLANNER_SPACE = RuntimeSpace()
+# Arena's profiling scripts (runtime/jaxpr/crius_profiler.sh) run Alpa with 16 micro-batches, and its
+# trainers always use Alpa's coarse-grained rematerialization
+ARENA_SPACE = RuntimeSpace(microbatches=16, recompute="always")
+
+
+def _microbatches(space: RuntimeSpace, per_replica: int, pp: int) -> list[int]:
+    if space.microbatches is None:
+        return microbatch_counts(per_replica, pp)
+    m = min(space.microbatches, per_replica)
+    while per_replica % m:
+        m -= 1
+    return [m]
+
+
+@dataclass
+class _Candidates:
+    """Per-stage coefficient rows of every candidate plan of every observation."""
+
+    coef: np.ndarray  # (stage rows, rates)
+    plan_of_stage: np.ndarray  # stage row -> plan index
+    obs_of_plan: np.ndarray  # plan index -> observation index
+    num_obs: int
+    covered: np.ndarray  # observations with at least one feasible plan
+    plans: list[Plan]  # plan index -> plan
+
+
+def _enumerate(obs: list[Observation], params: CostParams, space: RuntimeSpace) -> _Candidates:
+    rows, plan_of_stage, obs_of_plan, plans = [], [], [], []
+    covered = np.zeros(len(obs), dtype=bool)
+    for oi, o in enumerate(obs):
+        table = cost_table(o.arch, params)
+        links = links_for(o.gpu, o.intra_link, params)
+        rates = rate_vector(params, o.gpu_type, table.dtype, links.intra_kind)
+        cap = (o.gpu.memory_gib - params.mem_reserve_gib) * GIB
+        n = o.num_gpus
+        pp = 1
+        while pp <= min(n, table.num_layers):
+            for tp in tp_degrees(o.arch, o.gpus_per_node, n // pp):
+                dp = n // (pp * tp)
+                if o.batch % dp:
+                    continue
+                for m in _microbatches(space, o.batch // dp, pp):
+                    for rc in ((True,) if space.recompute == "always" else (False, True)):
+                        terms = layer_terms(table, o.gpu, links, nodes=o.nodes, gpus_per_node=o.gpus_per_node,
+                                            batch=o.batch, dp=dp, tp=tp, m=m, recompute=rc)
+                        lc = terms.costs(rates)
+                        if pp == 1:
+                            split = evaluate_split(lc, [(0, table.num_layers)], m)
+                            split = split if split.mem_bytes[0] <= cap else None
+                        else:
+                            split = split_stages(lc, pp, m, cap)
+                        if split is None:
+                            continue
+                        pi = len(plans)
+                        obs_of_plan.append(oi)
+                        plans.append(Plan(pp=pp, dp=dp, tp=tp, num_microbatches=m, stages=split.stages,
+                                          recompute=rc))
+                        for k, (a, b) in enumerate(split.stages):
+                            t = terms.step[:, a:b].sum(axis=1) + (terms.p2p[:, b - 1] if k < pp - 1 else 0.0)
+                            rows.append((m + pp - 1) * t + terms.allreduce[:, a:b].sum(axis=1)
+                                        + terms.optim[:, a:b].sum(axis=1))
+                            plan_of_stage.append(pi)
+                        covered[oi] = True
+                        break  # recomputation only pays when the plain plan does not fit (as the planner)
+            pp *= 2
+    return _Candidates(np.array(rows), np.array(plan_of_stage), np.array(obs_of_plan), len(obs), covered, plans)
+
+
+def _rate_keys(obs: list[Observation], params: CostParams, per_type: bool) -> list[tuple[str, str, str]]:
+    return [(o.gpu_type if per_type else "", params.dtype(o.arch.family), intra_link_kind(o.gpu, o.intra_link))
+            for o in obs]
+
+
+def _rate_rows(keys: list[tuple[str, str, str]], params: CostParams) -> np.ndarray:
+    uniq = sorted(set(keys))
+    table = np.stack([rate_vector(params, *k) for k in uniq])
+    return table[[uniq.index(k) for k in keys]]
+
+
+def _plan_times(c: _Candidates, rate_rows: np.ndarray) -> np.ndarray:
+    obs_of_stage = c.obs_of_plan[c.plan_of_stage]
+    stage_t = np.einsum("ij,ij->i", c.coef, rate_rows[obs_of_stage])
+    plan_t = np.full(len(c.plans), -np.inf)
+    np.maximum.at(plan_t, c.plan_of_stage, stage_t)
+    return plan_t
+
+
+def _fastest(c: _Candidates, rate_rows: np.ndarray) -> np.ndarray:
+    obs_t = np.full(c.num_obs, np.inf)
+    np.minimum.at(obs_t, c.obs_of_plan, _plan_times(c, rate_rows))
+    return obs_t
+
+
+def predict(obs: list[Observation], params: CostParams, space: RuntimeSpace) -> list[tuple[float, Plan | None]]:
+    """Iteration time and plan of the fastest plan of each observation's shape in `space`
+    ((inf, None) where nothing fits)."""
+    c = _enumerate(obs, params, space)
+    plan_t = _plan_times(c, _rate_rows(_rate_keys(obs, params, True), params))
+    out: list[tuple[float, Plan | None]] = [(math.inf, None)] * len(obs)
+    for pi, (oi, t) in enumerate(zip(c.obs_of_plan, plan_t)):
+        if t < out[oi][0]:
+            out[oi] = (float(t), c.plans[pi])
+    return out
+
+
+def _pseudo_huber(r: np.ndarray, delta: float) -> np.ndarray:
+    return delta * delta * (np.sqrt(1.0 + (r / delta) ** 2) - 1.0)
+
+
+def nelder_mead(f, x0: np.ndarray, step: float = 0.3, iters: int = 3000, tol: float = 1e-10) -> np.ndarray:
+    """Minimize f from x0 (standard coefficients: reflect 1, expand 2, contract and shrink 0.5)."""
+    n = len(x0)
+    simplex = [np.array(x0, dtype=float)] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    vals = [f(x) for x in simplex]
+    for _ in range(iters):
+        order = np.argsort(vals)
+        simplex = [simplex[i] for i in order]
+        vals = [vals[i] for i in order]
+        if abs(vals[-1] - vals[0]) <= tol * (abs(vals[0]) + tol):
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        xr = centroid + (centroid - simplex[-1])
+        fr = f(xr)
+        if fr < vals[0]:
+            xe = centroid + 2 * (centroid - simplex[-1])
+            fe = f(xe)
+            simplex[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            simplex[-1], vals[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (simplex[-1] - centroid)
+            fc = f(xc)
+            if fc < vals[-1]:
+                simplex[-1], vals[-1] = xc, fc
+            else:
+                best = simplex[0]
+                simplex = [best] + [best + 0.5 * (s - best) for s in simplex[1:]]
+                vals = [vals[0]] + [f(s) for s in simplex[1:]]
+    return simplex[int(np.argmin(vals))]
+
+
+@dataclass(frozen=True)
+class FitSpec:
+    per_type: bool = True
+    fit_globals: tuple[str, ...] = ("fp32_eff_scale", "mem_eff", "layer_overhead_s", "layer_fixed_flops",
+                                    "intra_eff", "inter_comm_eff")
+    space: RuntimeSpace = ARENA_SPACE
+    rounds: int = 4
+    huber_delta: float = 0.05  # log units: about L1 beyond 5% error, so single odd rows do not steer
+
+
+@dataclass
+class FitResult:
+    params: CostParams  # per-type efficiencies for fitted types, the shared one as default for the rest
+    shared_params: CostParams  # one efficiency for all types: what transfers to an unseen type
+    loss: float
+    fitted: list[str] = field(default_factory=list)  # names of the fitted parameters
+
+
+class _Vector:
+    """Maps a flat log-vector to and from named CostParams entries ("mem_eff", "intra_eff:pcie",
+    "compute_eff:a40", "default_compute_eff")."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+
+    @staticmethod
+    def _bound(name: str) -> tuple[float, float]:
+        base = name.split(":")[0]
+        return _BOUNDS["eff"] if base in ("compute_eff", "default_compute_eff") else _BOUNDS[base]
+
+    def get(self, params: CostParams) -> np.ndarray:
+        out = []
+        for name in self.names:
+            base, _, key = name.partition(":")
+            if base == "compute_eff":
+                v = params.eff(key)
+            elif base == "intra_eff":
+                v = params.link_eff(key)
+            else:
+                v = getattr(params, base) or _START.get(base, 1.0)
+            lo, hi = self._bound(name)
+            out.append(math.log(min(max(v, lo), hi)))
+        return np.array(out)
+
+    def set(self, params: CostParams, theta: np.ndarray) -> CostParams:
+        upd: dict = {"compute_eff": dict(params.compute_eff), "intra_eff": dict(params.intra_eff)}
+        for name, x in zip(self.names, theta):
+            lo, hi = self._bound(name)
+            v = min(max(math.exp(x), lo), hi)
+            base, _, key = name.partition(":")
+            if key:
+                upd[base][key] = v
+            else:
+                upd[base] = v
+        return params.model_copy(update=upd)
+
+
+def _fit_stage(obs: list[Observation], params: CostParams, names: list[str], per_type: bool,
+               spec: FitSpec) -> tuple[CostParams, float]:
+    meas = np.log(np.array([o.measured_s for o in obs]))
+    keys = _rate_keys(obs, params, per_type)
+    vec = _Vector(names)
+    loss = math.inf
+    for _ in range(spec.rounds):
+        cand = _enumerate(obs, params, spec.space)
+        mask = cand.covered
+
+        def objective(theta: np.ndarray) -> float:
+            pred = _fastest(cand, _rate_rows(keys, vec.set(params, theta)))
+            return float(np.mean(_pseudo_huber(np.log(pred[mask]) - meas[mask], spec.huber_delta)))
+
+        theta = nelder_mead(objective, vec.get(params), step=0.7)
+        theta = nelder_mead(objective, theta, step=0.2)  # restart: Nelder-Mead stalls in flat valleys
+        new_loss = objective(theta)
+        settled = abs(new_loss - loss) <= 1e-3 * new_loss
+        params, loss = vec.set(params, theta), new_loss
+        if settled:
+            break
+    return params, loss
+
+
+def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | None = None) -> FitResult:
+    """Fit the shared efficiency and the global parameters, then (optionally) one efficiency per type."""
+    spec = spec or FitSpec()
+    base = (base or CostParams()).model_copy(update={"compute_eff": {}})
+    names = ["default_compute_eff"]
+    for g in spec.fit_globals:
+        if g == "intra_eff":
+            # only link kinds some multi-GPU row crosses; the others keep their published default
+            names += [f"intra_eff:{k}" for k in sorted({intra_link_kind(o.gpu, o.intra_link) for o in obs
+                                                        if o.gpus_per_node > 1})]
+        elif g == "inter_comm_eff":
+            names += [g] if any(o.nodes > 1 for o in obs) else []
+        else:
+            names.append(g)
+    shared, loss = _fit_stage(obs, base, names, False, spec)
+    params = shared
+    if spec.per_type:
+        types = sorted({o.gpu_type for o in obs})
+        start = shared.model_copy(update={"compute_eff": {t: shared.default_compute_eff for t in types}})
+        params, loss = _fit_stage(obs, start, [f"compute_eff:{t}" for t in types], True, spec)
+    return FitResult(params=params, shared_params=shared, loss=loss, fitted=names)
+
+
+__all__ = ["ARENA_SPACE", "PLANNER_SPACE", "FitResult", "FitSpec", "Observation", "RuntimeSpace", "fit",
+           "nelder_mead", "observations", "predict"]

@@ -1,0 +1,265 @@
+"""Shared machinery of the baseline policies: per-job grid cache, GPU-level packing, the user's request.
+
+Baselines place jobs themselves (they reason about concrete free GPUs, like the schedulers they
+reproduce) and hand the placements to the shared Decision builder."""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from dataclasses import replace
+
+from arena_opt.decision import Decision, SolverStats
+from arena_opt.grids import Grid, Pool, job_grids, pools
+from arena_opt.perf.estimator import GridShape, PerfEstimator
+from arena_opt.policies.base import GridPolicy, build_decision
+from arena_opt.reconfig import PRESETS, ReconfigModel
+from arena_opt.snapshot import ClusterSnapshot, Job
+
+Placement = dict[str, list[int]]
+
+
+class GridCache:
+    """All grids of a job (compact shapes, best pipeline depth), computed once per workload.
+
+    `job_grids` walks the estimator for every pool, count and depth; jobs of the same workload on the
+    same cluster have the same grids, so the walk happens once per (model, batch, limits)."""
+
+    def __init__(self, estimator: PerfEstimator, max_gpus_default: int = 16):
+        self.estimator = estimator
+        self.max_gpus_default = max_gpus_default
+        self._by_workload: dict[tuple, list[Grid]] = {}
+        self._by_job: dict[str, tuple[tuple, dict[tuple[str, int], Grid]]] = {}
+        self._current: dict[str, tuple] = {}
+        self._nodes: list | None = None
+        self._catalog: dict | None = None
+        self._pool_sig: tuple = ()
+        self.pools: dict[tuple, Pool] = {}
+
+    def bind(self, snapshot: ClusterSnapshot) -> None:
+        """Call once per snapshot: grids depend on the cluster's pools."""
+        if self._nodes is snapshot.nodes and self._catalog is snapshot.gpu_catalog:
+            return
+        self.pools = pools(snapshot)
+        sig = (tuple((k, len(p.node_ids)) for k, p in self.pools.items()),
+               tuple(sorted((k, v.model_dump_json()) for k, v in snapshot.gpu_catalog.items())))
+        if sig != self._pool_sig:
+            self._by_workload.clear()
+            self._by_job.clear()
+            self._current.clear()
+            self._pool_sig = sig
+        self._nodes, self._catalog = snapshot.nodes, snapshot.gpu_catalog
+        self._snapshot = snapshot
+        self.node_of = {n.id: n for n in snapshot.nodes}
+
+    def options(self, job: Job) -> dict[tuple[str, int], Grid]:
+        """(gpu_type, num_gpus) -> the fastest grid of that type and count over the type's pools."""
+        sig = (job.model if isinstance(job.model, str) else job.model.model_dump_json(), job.batch_size,
+               tuple(job.allowed_gpu_types or ()), job.min_gpus, job.max_gpus)
+        hit = self._by_job.get(job.id)
+        if hit is not None and hit[0] == sig:
+            return hit[1]
+        base = self._by_workload.get(sig)
+        if base is None:
+            bare = job.model_copy(update={"running": None, "id": "_"})
+            base = self._by_workload[sig] = job_grids(bare, self._snapshot, self.estimator,
+                                                      max_gpus_default=self.max_gpus_default)
+        out: dict[tuple[str, int], Grid] = {}
+        for g in base:
+            key = (g.shape.gpu_type, g.num_gpus)
+            if key not in out or g.throughput > out[key].throughput:
+                out[key] = replace(g, job_id=job.id)
+        self._by_job[job.id] = (sig, out)
+        return out
+
+    def current(self, job: Job, snapshot: ClusterSnapshot) -> Grid | None:
+        """The grid of the job's running allocation, flagged `current` (choosing it keeps the job)."""
+        r = job.running
+        if r is None or not r.placement:
+            return None
+        hit = self._current.get(job.id)
+        if hit is not None and hit[0] is r.placement and hit[1] == r.plan:
+            return hit[2]
+        g = self._current_grid(job, r)
+        self._current[job.id] = (r.placement, r.plan, g)
+        return g
+
+    def _current_grid(self, job: Job, r) -> Grid | None:
+        first = self.node_of[next(iter(r.placement))]
+        pool_key = (first.gpu_type, first.num_gpus, first.intra_link)
+        per_node = max(len(g) for g in r.placement.values())
+        shape = GridShape(first.gpu_type, len(r.placement), per_node, r.plan.pp)
+        for g in self.options(job).values():
+            if g.pool == pool_key and g.shape == shape:
+                return replace(g, current=True)
+        spec = self._snapshot.catalog[first.gpu_type]
+        plans = self.estimator.grid(job.arch, job.batch_size, spec, first.intra_link, shape)
+        if plans.proxy is None:
+            return None
+        return Grid(job.id, pool_key, shape, plans.proxy, tuple(plans.pareto), True)
+
+
+def requested_grid(job: Job, options: dict[tuple[str, int], Grid]) -> Grid | None:
+    """The user's request as a grid: requested type and count at compact locality.
+
+    When that grid is infeasible (the measured table lacks it, or it does not fit in memory) the
+    nearest feasible count on the requested type is used, larger first (Arena's simulator likewise
+    substitutes a neighbouring table entry). No requested type, or none of its grids is feasible:
+    the fastest type at that count, else the nearest count on the fastest type."""
+    if not options:
+        return None
+    n = job.requested_num_gpus or job.min_gpus
+    types = sorted({t for t, _ in options})
+    if job.requested_gpu_type not in types:
+        at_n = [options[(t, n)] for t in types if (t, n) in options]
+        if at_n:
+            return max(at_n, key=lambda g: g.throughput)
+        t = max(types, key=lambda t: (max(g.throughput for (tt, _), g in options.items() if tt == t), t))
+    else:
+        t = job.requested_gpu_type
+        if (t, n) in options:
+            return options[(t, n)]
+    counts = sorted(c for tt, c in options if tt == t)
+    larger = [c for c in counts if c > n]
+    return options[(t, larger[0] if larger else counts[-1])]
+
+
+class Packing:
+    """Free GPUs per node with the rules of `placement.place`: sub-node grids best-fit into one node
+    (the job's previous node first), multi-node grids take whole free nodes."""
+
+    def __init__(self, snapshot: ClusterSnapshot, pool_map: dict[tuple, Pool],
+                 held: dict[str, Placement] | None = None):
+        self.pool_map = pool_map
+        self.node_pool: dict[str, tuple] = {}
+        self.node_pos: dict[str, int] = {}
+        self.cap: dict[tuple, int] = {}
+        self.free_count: dict[tuple, list[int]] = {}
+        self.free: dict[str, list[int]] = {}
+        self.where: dict[str, Placement] = {}
+        used: dict[str, set[int]] = {}
+        for jid, pl in (held or {}).items():
+            for nid, gpus in pl.items():
+                used.setdefault(nid, set()).update(gpus)
+            self.where[jid] = pl
+        for key, p in pool_map.items():
+            self.cap[key] = p.gpus_per_node
+            counts = []
+            for i, nid in enumerate(p.node_ids):
+                self.node_pool[nid] = key
+                self.node_pos[nid] = i
+                u = used.get(nid)
+                fl = list(range(p.gpus_per_node)) if not u else [g for g in range(p.gpus_per_node) if g not in u]
+                self.free[nid] = fl
+                counts.append(len(fl))
+            self.free_count[key] = counts
+
+    def free_gpus(self, pool_key: tuple) -> int:
+        return sum(self.free_count[pool_key])
+
+    def free_nodes(self, pool_key: tuple) -> int:
+        cap = self.cap[pool_key]
+        return sum(1 for c in self.free_count[pool_key] if c == cap)
+
+    def hold(self, job_id: str, placement: Placement) -> None:
+        for nid, gpus in placement.items():
+            fl = self.free[nid]
+            for g in gpus:
+                fl.remove(g)
+            self.free_count[self.node_pool[nid]][self.node_pos[nid]] -= len(gpus)
+        self.where[job_id] = placement
+
+    def release(self, job_id: str) -> Placement | None:
+        placement = self.where.pop(job_id, None)
+        if placement is None:
+            return None
+        for nid, gpus in placement.items():
+            self.free[nid] = sorted(self.free[nid] + list(gpus))
+            self.free_count[self.node_pool[nid]][self.node_pos[nid]] += len(gpus)
+        return placement
+
+    def find(self, grid: Grid, prev: Placement | None = None) -> Placement | None:
+        key = grid.pool
+        fc = self.free_count.get(key)
+        if fc is None:
+            return None
+        ids = self.pool_map[key].node_ids
+        cap = self.cap[key]
+        if grid.multi_node:
+            k = grid.shape.nodes
+            whole = [ids[i] for i, c in enumerate(fc) if c == cap]
+            if len(whole) < k:
+                return None
+            if prev:
+                whole.sort(key=lambda n: n not in prev)
+            return {nid: self.free[nid][: grid.shape.gpus_per_node] for nid in whole[:k]}
+        n = grid.num_gpus
+        if prev:
+            for nid in prev:
+                if self.node_pool.get(nid) == key and fc[self.node_pos[nid]] >= n:
+                    return {nid: self.free[nid][:n]}
+        best, best_c = -1, cap + 1
+        for i, c in enumerate(fc):
+            if n <= c < best_c:  # tightest node, lowest id on ties
+                best, best_c = i, c
+                if c == n:
+                    break
+        if best < 0:
+            return None
+        nid = ids[best]
+        return {nid: self.free[nid][:n]}
+
+    def take(self, job_id: str, grid: Grid, prev: Placement | None = None) -> Placement | None:
+        pl = self.find(grid, prev)
+        if pl is not None:
+            self.hold(job_id, pl)
+        return pl
+
+
+class PackedPolicy(GridPolicy):
+    """A grid policy that places jobs itself while it decides (see module doc)."""
+
+    name = "packed"
+
+    def __init__(self, estimator: PerfEstimator | None = None, reconfig: ReconfigModel | None = None):
+        super().__init__(estimator)
+        self.reconfig = reconfig or PRESETS["checkpoint"]
+        self.cache = GridCache(self.estimator)
+
+    def decide(self, snapshot: ClusterSnapshot) -> Decision:
+        t0 = time.perf_counter()
+        self.cache.bind(snapshot)
+        chosen, placements, reasons, stats = self.plan(snapshot)
+        stats.total_s = time.perf_counter() - t0
+        stats.num_grids = len(chosen)
+        return build_decision(snapshot, self.name, chosen, placements, reasons, stats)
+
+    def choose(self, snapshot: ClusterSnapshot):
+        self.cache.bind(snapshot)
+        chosen, _, reasons, stats = self.plan(snapshot)
+        return chosen, reasons, stats
+
+    @abstractmethod
+    def plan(self, snapshot: ClusterSnapshot) -> tuple[dict[str, Grid], dict[str, Placement], dict[str, str],
+                                                       SolverStats]:
+        """Chosen grid and placement per job that runs, a reason per job that does not, stats."""
+
+    # helpers shared by the subclasses
+    def start_state(self, snapshot: ClusterSnapshot) -> tuple[Packing, dict[str, Grid], dict[str, Placement]]:
+        """Packing with every running job held where it is, and its current grid."""
+        chosen: dict[str, Grid] = {}
+        placements: dict[str, Placement] = {}
+        for j in snapshot.jobs:
+            if j.running is None:
+                continue
+            g = self.cache.current(j, snapshot)
+            if g is None:  # the estimate says the running allocation is infeasible: let it go
+                continue
+            chosen[j.id] = g
+            placements[j.id] = {nid: sorted(gs) for nid, gs in j.running.placement.items()}
+        return Packing(snapshot, self.cache.pools, placements), chosen, placements
+
+
+def fifo(jobs: list[Job]) -> list[Job]:
+    return sorted(jobs, key=lambda j: (j.submit_time, j.id))
+

@@ -1,0 +1,65 @@
+"""Readable terminal output (rich) for decisions and plans."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from arena_opt.decision import Decision
+from arena_opt.snapshot import ClusterSnapshot
+
+
+def _fmt(x: float | None, spec: str = ".3g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _placement(pl: dict[str, list[int]], limit: int = 3) -> str:
+    items = [f"{n}:{','.join(map(str, g))}" for n, g in pl.items()]
+    return " ".join(items[:limit]) + (f" +{len(items) - limit} nodes" if len(items) > limit else "")
+
+
+def _console() -> Console:
+    # wide enough for the decision table when output goes to a file or pipe
+    c = Console()
+    return c if c.is_terminal else Console(width=160)
+
+
+def print_decision(snap: ClusterSnapshot, d: Decision, console: Console | None = None) -> None:
+    console = console or _console()
+    jobs = {j.id: j for j in snap.jobs}
+    t = Table(title=f"{d.policy} decision at t={d.time:.0f}s", show_lines=False)
+    for col in ("job", "model", "action", "GPUs", "plan", "iter s", "samples/s", "GiB/GPU", "placement / reason"):
+        t.add_column(col)
+    for jd in d.jobs:
+        j = jobs[jd.job_id]
+        gpus = f"{jd.num_gpus}x{jd.gpu_type}" if jd.runs else "-"
+        plan = jd.plan.describe() if jd.plan and jd.runs else "-"
+        t.add_row(jd.job_id, j.arch.name, jd.action, gpus, plan, _fmt(jd.est_iter_time_s), _fmt(jd.est_throughput),
+                  _fmt(jd.est_mem_per_gpu_gib, ".1f"), _placement(jd.placement) if jd.runs else (jd.reason or ""))
+    console.print(t)
+    s = d.stats
+    used = sum(jd.num_gpus for jd in d.jobs if jd.runs)
+    total = sum(n.num_gpus for n in snap.nodes)
+    console.print(f"solver {s.solver}: status {s.status}, objective {_fmt(s.objective, '.6g')}, bound "
+                  f"{_fmt(s.bound, '.6g')}, gap {_fmt(s.gap, '.2%') if s.gap is not None else '-'}, grids "
+                  f"{s.num_grids}, shards {s.shards}, build {s.build_s:.2f}s, solve {s.solve_s:.2f}s, total "
+                  f"{s.total_s:.2f}s" + (" [GREEDY FALLBACK]" if s.fallback else ""))
+    if s.note:
+        console.print(f"note: {s.note}")
+    console.print(f"GPUs allocated {used}/{total}; jobs running {sum(jd.runs for jd in d.jobs)}/{len(d.jobs)}")
+
+
+def print_plans(arch, batch: int, gpu: str, nodes: int, per_node: int, rows, console: Console | None = None) -> None:
+    console = console or _console()
+    t = Table(title=f"{arch.name} batch {batch} on {nodes}x{per_node} {gpu}")
+    for col in ("grid pp", "", "plan", "stages (layers)", "iter s", "samples/s", "GiB/GPU"):
+        t.add_column(col)
+    for pp, plans in rows:
+        if plans.proxy is None:
+            t.add_row(str(pp), "", "no plan fits in memory", "", "", "", "")
+            continue
+        for r in plans.pareto:
+            tag = "proxy" if r is plans.proxy else "pareto"
+            t.add_row(str(pp), tag, r.plan.describe(), " ".join(f"{a}-{b - 1}" for a, b in r.plan.stages),
+                      f"{r.iter_time_s:.3f}", f"{r.throughput:.1f}", f"{r.mem_gib:.1f}")
+    console.print(t)

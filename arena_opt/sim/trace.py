@@ -1,0 +1,183 @@
+"""Job traces: Arena's CSV and our own JSON Lines format, validated once at load.
+
+JSON Lines format (one job per line, `#` lines and blank lines ignored):
+
+    {"id": "j0", "submit_time": 0, "model": "gpt-1.3B", "batch_size": 256, "iterations": 2000,
+     "num_gpus": 4, "gpu_type": "a100", "deadline": 7200}
+
+| field | meaning |
+| --- | --- |
+| `id` | unique job id |
+| `submit_time` | seconds, >= 0 |
+| `model` | catalog name (`arena-opt models`) or Arena's `model__size` |
+| `batch_size` | global batch, samples per iteration |
+| `iterations` | training iterations to run |
+| `num_gpus`, `gpu_type` | optional: the user's request (FCFS runs exactly this; others may change it) |
+| `deadline` | optional: absolute time in seconds, > submit_time |
+| `weight` | optional, default 1 |
+| `allowed_gpu_types`, `min_gpus`, `max_gpus` | optional limits for the policies |
+
+Arena CSV (`job_id, submission_time, num_iteration, model_name, deadline, batch_size, num_gpu,
+gpu_type`) maps onto the same record. Arena's simulator divides `num_iteration` by 5 and stretches
+the deadline budget 5x before simulating: `iter_scale=5, deadline_stretch=5` reproduces that.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError,
+                      field_validator, model_validator)
+
+from arena_opt.errors import InputError
+from arena_opt.gpus import BUILTIN_GPUS, GpuSpec, canonical_gpu
+from arena_opt.snapshot import Job
+from models.catalog import ARCHITECTURES, arena_model_name
+
+ARENA_COLUMNS = ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu",
+                 "gpu_type")
+
+
+class TraceJob(BaseModel):
+    """One job of a trace (the JSON Lines record)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1)
+    submit_time: NonNegativeFloat
+    model: str
+    batch_size: PositiveInt
+    iterations: PositiveInt
+    num_gpus: PositiveInt | None = None
+    gpu_type: str | None = None
+    deadline: PositiveFloat | None = None
+    weight: PositiveFloat = 1.0
+    allowed_gpu_types: list[str] | None = None
+    min_gpus: PositiveInt = 1
+    max_gpus: PositiveInt | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        name = arena_model_name(v)
+        if name not in ARCHITECTURES:
+            raise ValueError(f"unknown model {v!r} (see `arena-opt models`)")
+        return name
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _canon(cls, v: str | None) -> str | None:
+        return None if v is None else canonical_gpu(v)
+
+    @field_validator("allowed_gpu_types")
+    @classmethod
+    def _canon_list(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else [canonical_gpu(x) for x in v]
+
+    @model_validator(mode="after")
+    def _check(self) -> "TraceJob":
+        if self.deadline is not None and self.deadline <= self.submit_time:
+            raise ValueError(f"deadline {self.deadline} is not after submit_time {self.submit_time}")
+        if self.max_gpus is not None and self.max_gpus < self.min_gpus:
+            raise ValueError(f"max_gpus {self.max_gpus} is below min_gpus {self.min_gpus}")
+        return self
+
+    def to_job(self) -> Job:
+        return Job(id=self.id, model=self.model, batch_size=self.batch_size, total_iterations=self.iterations,
+                   remaining_iterations=self.iterations, submit_time=self.submit_time, deadline=self.deadline,
+                   weight=self.weight, allowed_gpu_types=self.allowed_gpu_types, min_gpus=self.min_gpus,
+                   max_gpus=self.max_gpus, requested_gpu_type=self.gpu_type, requested_num_gpus=self.num_gpus)
+
+
+def load_trace(path: str | Path, *, iter_scale: int = 1, deadline_stretch: float = 1.0,
+               catalog: dict[str, GpuSpec] | None = None, limit: int | None = None) -> list[TraceJob]:
+    """Jobs of a trace, by submit time (stable). `.csv` is read as Arena's format, anything else as
+    JSON Lines. `iter_scale` divides iteration counts (integer division, at least 1) and
+    `deadline_stretch` multiplies each deadline's budget after submission."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: trace file not found")
+    if iter_scale < 1:
+        raise InputError(f"iter_scale must be >= 1, got {iter_scale}")
+    if deadline_stretch <= 0:
+        raise InputError(f"deadline_stretch must be > 0, got {deadline_stretch}")
+    raw = _read_csv(path) if path.suffix.lower() == ".csv" else _read_jsonl(path)
+    jobs: list[TraceJob] = []
+    seen: dict[str, int] = {}
+    known = catalog or BUILTIN_GPUS
+    for lineno, rec in raw:
+        if limit is not None and len(jobs) >= limit:
+            break
+        try:
+            tj = TraceJob.model_validate(rec)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(map(str, err["loc"])) or "record"
+            raise InputError(f"{path}:{lineno}: field {loc}: {err['msg']} (value {err.get('input')!r})") from None
+        for t in [tj.gpu_type, *(tj.allowed_gpu_types or [])]:
+            if t is not None and t not in known:
+                raise InputError(f"{path}:{lineno}: unknown GPU type {t!r}; known: {', '.join(sorted(known))}")
+        if tj.id in seen:
+            raise InputError(f"{path}:{lineno}: duplicate job id {tj.id!r} (first on line {seen[tj.id]})")
+        seen[tj.id] = lineno
+        update: dict = {}
+        if iter_scale != 1:
+            update["iterations"] = max(1, tj.iterations // iter_scale)
+        if deadline_stretch != 1.0 and tj.deadline is not None:
+            update["deadline"] = tj.submit_time + (tj.deadline - tj.submit_time) * deadline_stretch
+        jobs.append(tj.model_copy(update=update) if update else tj)
+    jobs.sort(key=lambda j: j.submit_time)
+    if not jobs:
+        raise InputError(f"{path}: trace has no jobs")
+    return jobs
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    out = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, start=1):
+            s = line.strip()
+            if not s or s.startswith("#"):
+                continue
+            try:
+                rec = json.loads(s)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+            out.append((lineno, rec))
+    return out
+
+
+def _read_csv(path: Path) -> list[tuple[int, dict]]:
+    out = []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = set(ARENA_COLUMNS) - set(reader.fieldnames or [])
+        if missing:
+            raise InputError(f"{path}: missing columns {', '.join(sorted(missing))} (Arena trace format: "
+                             f"{', '.join(ARENA_COLUMNS)})")
+        for lineno, r in enumerate(reader, start=2):
+            ints = {}
+            for col in ("submission_time", "num_iteration", "deadline", "batch_size", "num_gpu"):
+                try:
+                    ints[col] = int(float(r[col]))
+                except (TypeError, ValueError):
+                    raise InputError(f"{path}:{lineno}: field {col}: not a number (value {r[col]!r})") from None
+            out.append((lineno, {
+                "id": r["job_id"], "submit_time": ints["submission_time"], "model": r["model_name"],
+                "batch_size": ints["batch_size"], "iterations": ints["num_iteration"],
+                "num_gpus": ints["num_gpu"], "gpu_type": r["gpu_type"],
+                "deadline": ints["deadline"],
+            }))
+    return out
+
+
+def write_trace(path: str | Path, jobs: list[TraceJob]) -> None:
+    with Path(path).open("w") as f:
+        for j in jobs:
+            f.write(json.dumps(j.model_dump(exclude_none=True, exclude_defaults=True) | {
+                "id": j.id, "submit_time": j.submit_time, "model": j.model, "batch_size": j.batch_size,
+                "iterations": j.iterations}) + "\n")

@@ -1,0 +1,74 @@
+"""The torchrun command (argv + environment) each node runs for one launch of a
+job. Shared by the dry-run printer, the local backend and the node agents, so
+what dry-run prints is what the other backends execute."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runners.spec import TrainSpec
+
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    job_id: str
+    node_id: str
+    node_rank: int
+    nnodes: int
+    nproc: int
+    gpus: tuple[int, ...]
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def shell(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.argv)}"
+
+
+def torchrun_exe() -> list[str]:
+    """The torchrun of this interpreter's environment (same torch as the scheduler)."""
+    exe = Path(sys.executable).parent / "torchrun"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def node_launches(spec: TrainSpec, placement: dict[str, list[int]], endpoint: str, *,
+                  spec_path: str | None = None, use_gpus: bool = True) -> list[NodeLaunch]:
+    """One NodeLaunch per node of `placement`, in placement order (= node rank).
+    `spec_path`: pass the spec as a file (it must exist on every node); otherwise inline JSON,
+    which makes the printed command self-contained."""
+    if not placement:
+        raise ValueError(f"job {spec.job_id}: empty placement")
+    nproc_total = sum(len(g) for g in placement.values())
+    if nproc_total != spec.plan.num_gpus:
+        raise ValueError(f"job {spec.job_id}: placement holds {nproc_total} GPUs but plan "
+                         f"{spec.plan.describe()} needs {spec.plan.num_gpus}")
+    nnodes = len(placement)
+    rdzv_id = f"{spec.job_id}-g{spec.generation}"
+    target = ["--spec", spec_path] if spec_path else ["--spec-json", spec.model_dump_json()]
+    out = []
+    for rank, (node, gpus) in enumerate(placement.items()):
+        argv = [*torchrun_exe(), f"--nnodes={nnodes}", f"--nproc-per-node={len(gpus)}", f"--node-rank={rank}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
+                "--max-restarts=0", "-m", "runners.train", *target]
+        env = {
+            # without it torchrun restarts on "Gloo connectFullMesh failed" (../shared/MEASURED.md)
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        if use_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        out.append(NodeLaunch(spec.job_id, node, rank, nnodes, len(gpus), tuple(gpus), tuple(argv), env))
+    return out

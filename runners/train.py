@@ -1,0 +1,170 @@
+"""Training entry point that torchrun starts on every rank:
+
+    torchrun ... -m runners.train --spec SPEC.json      (or --spec-json '{...}')
+
+Builds the catalog model (scaled down when the spec says so), applies the plan
+with `runners.parallelize`, resumes from the latest checkpoint in the spec's
+checkpoint directory if there is one, trains on deterministic synthetic data
+and reports progress through `runners.progress`. A stop request (the control
+file, SIGTERM or SIGINT) makes every rank save a checkpoint at the same step
+boundary and exit 0; all ranks learn of it through the per-step all-reduce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import resource
+import signal
+import sys
+import time
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from runners import checkpoint
+from runners.progress import ProgressWriter, stop_requested
+from runners.spec import SpecError, TrainSpec, load_spec, parse_spec
+
+EXIT_BAD_SPEC = 2
+EXIT_INJECTED_FAULT = 13
+
+_signalled = False
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    global _signalled
+    _signalled = True
+
+
+def _die_with_parent() -> None:
+    # torchrun starts each worker in its own session; if torchrun itself is
+    # SIGKILLed the workers would live on, so ask the kernel to kill us with it.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _peak_mem_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _device(spec: TrainSpec) -> torch.device:
+    if spec.device == "cuda" or (spec.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def parse_args(argv: Sequence[str] | None) -> TrainSpec:
+    ap = argparse.ArgumentParser(prog="runners.train", description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--spec", help="path of a TrainSpec JSON file")
+    src.add_argument("--spec-json", help="the TrainSpec as inline JSON")
+    a = ap.parse_args(argv)
+    if a.spec:
+        return load_spec(a.spec)
+    import json
+
+    try:
+        return parse_spec(json.loads(a.spec_json), "--spec-json")
+    except json.JSONDecodeError as e:
+        raise SpecError(f"--spec-json: not JSON: {e}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _die_with_parent()
+    try:
+        spec = parse_args(argv)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_SPEC
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    device = _device(spec)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        return _train(spec, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(spec: TrainSpec, device: torch.device) -> int:
+    from models.torch_layers import synthetic_batch
+    from runners.parallelize import PlanError, parallelize
+
+    rank = dist.get_rank()
+    writer = ProgressWriter(spec.run_dir, spec.generation) if rank == 0 else None
+    t_launch = time.time()
+    arch = spec.arch()
+    try:
+        pm = parallelize(arch, spec.plan, device, spec.dp_mode, spec.seed)
+    except PlanError as e:
+        if writer:
+            writer.emit("error", message=str(e))
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_SPEC
+    optim = torch.optim.AdamW(pm.module.parameters(), lr=spec.lr)
+    step, resumed_from = 0, None
+    ckpt = checkpoint.latest_checkpoint(spec.ckpt_dir)
+    if ckpt is not None:
+        step, load_s = checkpoint.load(pm.module, optim, ckpt)
+        resumed_from = str(ckpt)
+        if writer:
+            writer.emit("loaded", step=step, load_s=load_s, path=resumed_from)
+    if writer:
+        writer.emit("start", step=step, world_size=dist.get_world_size(), plan=spec.plan.model_dump(),
+                    resumed_from=resumed_from, setup_s=time.time() - t_launch, pid=os.getpid())
+    tp_rank = pm.mesh["tp"].get_local_rank()
+    reports_loss = pm.is_last_stage and tp_rank == 0
+    meta = {"job_id": spec.job_id, "plan": spec.plan.model_dump(), "world_size": dist.get_world_size(),
+            "model": arch.name, "samples": 0}
+    last_ckpt = step
+    while step < spec.total_steps:
+        if spec.fail_at_step is not None and step == spec.fail_at_step and rank == spec.fail_rank:
+            print(f"injected fault at step {step} on rank {rank}", file=sys.stderr, flush=True)
+            os._exit(EXIT_INJECTED_FAULT)
+        t0 = time.perf_counter()
+        x, y = synthetic_batch(arch, step, spec.global_batch, spec.seed)
+        loss = pm.train_step(x, y)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        # one SUM all-reduce carries the loss (mean over dp shards) and the stop votes
+        stop = _signalled or (rank == 0 and stop_requested(spec.run_dir))
+        red = torch.tensor([float(loss) / spec.plan.dp if reports_loss and loss is not None else 0.0, float(stop)],
+                           dtype=torch.float64, device=device)
+        dist.all_reduce(red)
+        mem = torch.tensor([_peak_mem_bytes(device)], dtype=torch.int64, device=device)
+        dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+        dt = time.perf_counter() - t0
+        step += 1
+        if writer:
+            writer.emit("step", step=step, loss=float(red[0]), iter_time_s=dt,
+                        samples_per_s=spec.global_batch / dt, peak_mem_bytes=int(mem[0]))
+        stopping = bool(red[1] > 0)
+        due = spec.ckpt_interval and step % spec.ckpt_interval == 0
+        if (stopping or due) and step < spec.total_steps and step != last_ckpt:
+            path, save_s = checkpoint.save(pm.module, optim, step, spec.ckpt_dir,
+                                           {**meta, "samples": step * spec.global_batch}, spec.keep_checkpoints)
+            last_ckpt = step
+            if writer:
+                writer.emit("checkpoint", step=step, path=str(path), save_s=save_s)
+        if stopping and step < spec.total_steps:
+            if writer:
+                writer.emit("exit", reason="stopped", step=step)
+            return 0
+        if spec.step_delay_s:
+            time.sleep(spec.step_delay_s)
+    if writer:
+        writer.emit("exit", reason="finished", step=step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
