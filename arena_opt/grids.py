@@ -78,15 +78,53 @@ def compact_shape(n: int, gpus_per_node: int) -> tuple[int, int]:
 
 
 def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, max_gpus_default: int = 16,
-              all_pp: bool = False, pool_map: dict[tuple, Pool] | None = None) -> list[Grid]:
+              all_pp: bool = False, pool_map: dict[tuple, Pool] | None = None,
+              node_map: dict[str, Node] | None = None, context: tuple | None = None) -> list[Grid]:
     """All grids of one job: compact shapes on every allowed pool and power-of-two count. Only the best
     pipeline depth of each (pool, count) is kept (the others use the same GPUs for less), unless
     `all_pp`; the running allocation is always kept as the `current` grid."""
+    pool_map = pool_map if pool_map is not None else pools(snapshot)
+    node_map = node_map if node_map is not None else {n.id: n for n in snapshot.nodes}
+    context = context if context is not None else _context(snapshot, pool_map)
+    cur_key = _current_shape(job, node_map)
+    model_key = job.model if isinstance(job.model, str) else job.arch
+    key = (model_key, job.batch_size, job.min_gpus, job.max_gpus, tuple(job.allowed_gpu_types or ()),
+           max_gpus_default, context)
+    cache = estimator.job_grid_cache
+    options = cache.get(key)
+    if options is None:
+        options = cache[key] = _options(job, snapshot, estimator, pool_map, max_gpus_default)
+    out: list[Grid] = []
+    for pool_key, cands in options:
+        grids = [Grid(job.id, pool_key, shape, proxy, pareto, cur_key == (pool_key, shape.nodes,
+                                                                         shape.gpus_per_node, shape.pp))
+                 for shape, proxy, pareto in cands]
+        if all_pp:
+            out.extend(grids)
+        else:
+            best = max(grids, key=lambda g: g.throughput)
+            out.append(best)
+            out.extend(g for g in grids if g.current and g is not best)
+    if cur_key is not None and not any(g.current for g in out):
+        g = _current_grid(job, snapshot, estimator, snapshot.catalog[job.running.gpu_type], cur_key)
+        if g is not None:
+            out.append(g)
+    return out
+
+
+def _context(snapshot: ClusterSnapshot, pool_map: dict[tuple, Pool]) -> tuple:
+    """What a job's grid options depend on besides the job: pool sizes and GPU catalog overrides."""
+    overrides = tuple(sorted((k, v.model_dump_json()) for k, v in snapshot.gpu_catalog.items()))
+    return (tuple((k, len(p.node_ids)) for k, p in pool_map.items()), overrides)
+
+
+def _options(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, pool_map: dict[tuple, Pool],
+             max_gpus_default: int) -> list[tuple[tuple, list]]:
+    """Per (pool, GPU count) the feasible (shape, proxy, Pareto) of every pipeline depth."""
     catalog = snapshot.catalog
     allowed = set(job.allowed_gpu_types) if job.allowed_gpu_types else None
-    out: list[Grid] = []
-    cur_key = _current_shape(job, snapshot)
-    for pool in (pool_map or pools(snapshot)).values():
+    out = []
+    for pool in pool_map.values():
         if allowed is not None and pool.gpu_type not in allowed:
             continue
         spec = catalog[pool.gpu_type]
@@ -98,29 +136,17 @@ def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, 
                 shape = GridShape(pool.gpu_type, nodes, gpn, pp)
                 plans = estimator.grid(job.arch, job.batch_size, spec, pool.intra_link, shape)
                 if plans.proxy is not None:
-                    is_cur = cur_key == (pool.key, nodes, gpn, pp)
-                    cands.append(Grid(job.id, pool.key, shape, plans.proxy, tuple(plans.pareto), is_cur))
+                    cands.append((shape, plans.proxy, tuple(plans.pareto)))
                 pp *= 2
-            if not cands:
-                continue
-            if all_pp:
-                out.extend(cands)
-            else:
-                best = max(cands, key=lambda g: g.throughput)
-                out.append(best)
-                out.extend(g for g in cands if g.current and g is not best)
-    if cur_key is not None and not any(g.current for g in out):
-        g = _current_grid(job, snapshot, estimator, catalog[job.running.gpu_type], cur_key)
-        if g is not None:
-            out.append(g)
+            if cands:
+                out.append((pool.key, cands))
     return out
 
 
-def _current_shape(job: Job, snapshot: ClusterSnapshot):
+def _current_shape(job: Job, node_map: dict[str, Node]):
     if job.running is None:
         return None
-    nodes = {n.id: n for n in snapshot.nodes}
-    used = [nodes[nid] for nid in job.running.placement]
+    used = [node_map[nid] for nid in job.running.placement]
     if not used:
         return None
     first = used[0]
@@ -140,7 +166,11 @@ def _current_grid(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator,
 
 def enumerate_grids(snapshot: ClusterSnapshot, estimator: PerfEstimator, **kw) -> dict[str, list[Grid]]:
     pool_map = pools(snapshot)
-    return {j.id: drop_dominated(job_grids(j, snapshot, estimator, pool_map=pool_map, **kw)) for j in snapshot.jobs}
+    node_map = {n.id: n for n in snapshot.nodes}
+    ctx = _context(snapshot, pool_map)
+    return {j.id: drop_dominated(job_grids(j, snapshot, estimator, pool_map=pool_map, node_map=node_map, context=ctx,
+                                           **kw))
+            for j in snapshot.jobs}
 
 
 def drop_dominated(grids: list[Grid]) -> list[Grid]:

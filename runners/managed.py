@@ -30,6 +30,10 @@ from runners.stages import check_plan, scale_plan
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
+class LaunchError(RuntimeError):
+    """The backend could not start a launch (agent unreachable, node unknown)."""
+
+
 class LaunchHandle(abc.ABC):
     """The processes of one launch of a job (one torchrun per node)."""
 
@@ -61,6 +65,7 @@ class _Job:
     window: list[float] = field(default_factory=list)
     seen_steps: int = 0  # step events of the current launch already looked at
     log_paths: list[str] = field(default_factory=list)
+    timeline: list[tuple[str, float]] = field(default_factory=list)  # runner-side moments (launch, stop, exited)
 
     @property
     def run_dir(self) -> Path:
@@ -180,7 +185,15 @@ class ManagedRunner(Runner):
         spec = spec.model_copy(update={"generation": j.generation})
         clear_stop(j.run_dir)
         j.run_dir.mkdir(parents=True, exist_ok=True)
-        j.handle = self._start(j, spec, jd.placement)
+        j.timeline.append(("launch", time.time()))
+        try:
+            j.handle = self._start(j, spec, jd.placement)
+        except LaunchError as e:
+            j.failures += 1
+            j.state = "failed" if j.failures >= self.max_failures else "crashed"
+            j.message = f"launch {j.generation} could not start: {e}"
+            j.generation += 1
+            return
         j.log_paths = list(j.handle.log_paths)
         j.generation += 1
         j.state = "running"
@@ -203,6 +216,7 @@ class ManagedRunner(Runner):
         for j in jobs:
             request_stop(j.run_dir)
             j.state = "stopping"
+            j.timeline.append(("stop", time.time()))
         deadline = time.time() + (self.stop_timeout_s if timeout_s is None else timeout_s)
         pending = list(jobs)
         while pending and time.time() < deadline:
@@ -237,6 +251,7 @@ class ManagedRunner(Runner):
         assert j.handle is not None and j.reader is not None
         j.handle.terminate(timeout=5.0)  # a no-op for a clean exit; reaps stray workers of a crash
         rcs = j.handle.poll()
+        j.timeline.append(("exited", time.time()))
         p = j.reader.poll()
         self._collect_measurements(j, flush=True)
         gen = j.generation - 1
@@ -308,6 +323,10 @@ class ManagedRunner(Runner):
         assert j.reader is not None
         j.reader.poll()
         return dict(j.reader.state.losses)
+
+    def timeline(self, job_id: str) -> list[tuple[str, float]]:
+        """Runner-side moments of a job: ("launch" | "stop" | "exited", wall time)."""
+        return list(self.jobs[job_id].timeline)
 
     def events(self, job_id: str) -> list[dict]:
         j = self.jobs[job_id]

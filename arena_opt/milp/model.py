@@ -32,14 +32,17 @@ def build_model(p: ClusterProblem) -> pyo.ConcreteModel:
 
     cur_of = {int(p.job_of[k]): k for k in K if p.current[k]}
 
-    # packing: one integer per (occupied node, threshold)
-    occ = [(key, nid, s) for key, pi in p.pools.items() for nid in pi.occupied for s in pi.thresholds]
-    m.W = pyo.Set(initialize=range(len(occ)))
+    # Packing. A node held by one running job j (g GPUs) has s*floor(free/s) = s*floor(G/s) when j moves and
+    # s*floor((G-g)/s) when j stays: linear in x[cur(j)], no variable needed. Nodes shared by several running
+    # jobs get one integer w[b, s] = floor(free/s) per threshold.
+    shared = [(key, nid, s) for key, pi in p.pools.items() for nid, users in pi.occupied.items()
+              if len(users) > 1 for s in pi.thresholds]
+    m.W = pyo.Set(initialize=range(len(shared)))
     m.w = pyo.Var(m.W, domain=pyo.NonNegativeIntegers)
-    w_index = {t: i for i, t in enumerate(occ)}
+    w_index = {t: i for i, t in enumerate(shared)}
 
     def node_rule(m, i):
-        key, nid, s = occ[i]
+        key, nid, s = shared[i]
         pi = p.pools[key]
         kept = sum(g * m.x[cur_of[j]] for j, g in pi.occupied[nid] if j in cur_of)
         return s * m.w[i] + kept <= pi.gpus_per_node
@@ -57,9 +60,22 @@ def build_model(p: ClusterProblem) -> pyo.ConcreteModel:
     def pack_rule(m, i):
         key, s = pack[i]
         pi = p.pools[key]
+        G = pi.gpus_per_node
+        full = s * (G // s)
         lhs = sum(int(p.units[k]) * m.x[k] for k in new_by_pool[key] if p.units[k] >= s)
-        rhs = s * (pi.gpus_per_node // s) * pi.empty_nodes + sum(s * m.w[w_index[(key, nid, s)]]
-                                                                  for nid in pi.occupied)
+        const = full * pi.empty_nodes
+        freed: dict[int, int] = defaultdict(int)  # job -> capacity it holds at this threshold while it stays
+        shared_w = []
+        for nid, users in pi.occupied.items():
+            if len(users) > 1:
+                shared_w.append(s * m.w[w_index[(key, nid, s)]])
+                continue
+            (j, g), = users
+            const += full
+            held = full - s * ((G - g) // s)
+            if j in cur_of and held:  # a running job without a current grid cannot stay: node is free
+                freed[j] += held
+        rhs = const - sum(h * m.x[cur_of[j]] for j, h in freed.items()) + sum(shared_w)
         return lhs <= rhs
 
     m.pack = pyo.Constraint(m.P, rule=pack_rule)

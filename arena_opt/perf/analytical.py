@@ -57,9 +57,10 @@ class CostParams(BaseModel):
     alpha_inter_s: NonNegativeFloat = 30e-6  # per-message latency across nodes
     mem_reserve_gib: float = Field(1.5, ge=0, description="CUDA context, allocator slack, workspace")
     layer_overhead_s: float = Field(40e-6, ge=0, description="kernel launches per layer and pass")
-    layer_fixed_flops: float = Field(0.0, ge=0, description=(
-        "work a GPU needs to fill up: each layer pass costs this many FLOPs more at the compute roof, so "
-        "small micro-batches run at flops / (flops + this) of the achieved rate (half-saturation work)"))
+    saturation_samples: dict[str, NonNegativeFloat] = Field(default_factory=dict, description=(
+        "per model family, the micro-batch (samples per GPU) at which a layer runs at half its achieved "
+        "rate: each layer pass costs as many samples' FLOPs more, so micro-batches of b samples run at "
+        "b / (b + this) of the rate; a property of the kernels, the same on every GPU type"))
     # Alpa's Wide-ResNet suite (the runs behind Arena's tables) trains in fp32; transformers in fp16
     dtype_by_family: dict[str, Dtype] = Field(default_factory=lambda: {"wide_resnet": "fp32"})
     moe_einsum_group: PositiveInt | None = Field(
@@ -112,6 +113,7 @@ class CostTable(LayerTable):
     """A layer table as one runtime executes it: precision and implementation-specific FLOPs."""
 
     dtype: Dtype = "fp16"
+    family: str = ""
     extra_flops: np.ndarray | None = None  # forward FLOPs per sample the layer table does not count
 
     @property
@@ -130,7 +132,7 @@ def _cost_table(arch: Arch, dtype: Dtype, moe_group: int | None) -> CostTable:
         extra = np.where(is_moe, 8.0 * moe_group * arch.hidden * arch.seq_len, 0.0)
     extra.setflags(write=False)
     fields = {f: getattr(t, f) for f in t.__dataclass_fields__}
-    return CostTable(**fields, dtype=dtype, extra_flops=extra)
+    return CostTable(**fields, dtype=dtype, family=arch.family, extra_flops=extra)
 
 
 def cost_table(arch: Arch, params: CostParams) -> CostTable:
@@ -160,11 +162,12 @@ class LayerTerms:
                           peak_bytes=self.peak_bytes)
 
 
-def rate_vector(params: CostParams, gpu_name: str, dtype: str = "fp16", intra_kind: str = "nvlink") -> np.ndarray:
-    """Values of `RATE_NAMES` for one GPU type, training precision and intra-node link."""
+def rate_vector(params: CostParams, gpu_name: str, dtype: str = "fp16", intra_kind: str = "nvlink",
+                family: str = "") -> np.ndarray:
+    """Values of `RATE_NAMES` for one GPU type, training precision, intra-node link and model family."""
     inv_eff = 1.0 / params.eff(gpu_name, dtype)
     return np.array([inv_eff, 1.0 / params.mem_eff, params.layer_overhead_s, 1.0 / params.link_eff(intra_kind),
-                     1.0 / params.inter_comm_eff, 1.0, params.layer_fixed_flops * inv_eff])
+                     1.0 / params.inter_comm_eff, 1.0, params.saturation_samples.get(family, 0.0) * inv_eff])
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,7 @@ def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gp
     step[0] = passes * q.flops / peak
     step[1] = passes * q.ew_bytes / mbw
     step[2] = passes
-    step[6] = passes / peak
+    step[6] = passes * q.flops / max(q.b, 1e-12) / peak  # one more sample's FLOPs per layer pass
     if tp > 1:
         # forward and backward each all-reduce the tp partial sums
         a, f = 2 * (tp - 1), 2 * (tp - 1) / tp
@@ -249,7 +252,8 @@ def layer_costs(table: LayerTable, gpu: GpuSpec, gpu_name: str, links: Links, *,
     """Per-layer costs for one micro-batch of batch/(dp*m) samples under tp-way sharding."""
     terms = layer_terms(table, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node, batch=batch, dp=dp, tp=tp,
                         m=m, recompute=recompute)
-    return terms.costs(rate_vector(params, gpu_name, getattr(table, "dtype", "fp16"), links.intra_kind))
+    return terms.costs(rate_vector(params, gpu_name, getattr(table, "dtype", "fp16"), links.intra_kind,
+                                   getattr(table, "family", "")))
 
 
 def roofline_load_s(table: LayerTable, gpu: GpuSpec, *, micro_batch_size: float, tp: int = 1,

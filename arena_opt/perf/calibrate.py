@@ -37,9 +37,22 @@ from models.catalog import ARCHITECTURES, Arch
 
 # (low, high) of every fitted parameter; values are fitted in log space
 _BOUNDS = {"eff": (0.02, 1.0), "fp32_eff_scale": (0.05, 5.0), "mem_eff": (0.05, 1.0),
-           "layer_overhead_s": (1e-6, 5e-3), "layer_fixed_flops": (1e6, 1e12), "intra_eff": (0.01, 1.0),
+           "layer_overhead_s": (1e-6, 5e-3), "saturation_samples": (1e-3, 1e3), "intra_eff": (0.01, 1.0),
            "inter_comm_eff": (0.002, 1.0)}
-_START = {"layer_fixed_flops": 1e9}  # where the uncalibrated default (0) is no starting point in log space
+_START = {"saturation_samples": 0.5}  # where the uncalibrated default (0) is no starting point in log space
+# Priors (center, sd of the log): published or typical values, so that a parameter the data hardly
+# constrains (three GPU types with near-equal bandwidth-to-FLOP ratios cannot separate compute from
+# memory time) stays physical instead of wandering to a bound. The fit is a MAP estimate.
+PRIORS: dict[str, tuple[float, float]] = {
+    "default_compute_eff": (0.6, 0.5),  # tensor-core GEMMs reach 60-80% of peak; whole layers less
+    "compute_eff": (0.6, 0.5),
+    "fp32_eff_scale": (1.0, 0.5),
+    "mem_eff": (0.8, 0.5),  # streaming kernels reach 80-90% of HBM bandwidth
+    "layer_overhead_s": (40e-6, 1.5),  # tens of microseconds of launches per layer pass
+    "saturation_samples": (0.5, 2.0),
+    "intra_eff": (0.8, 1.0),  # published link efficiencies; wide, PCIe through the host is often far slower
+    "inter_comm_eff": (0.7, 3.0),  # the catalog's NIC figures are nominal; testbeds vary widely
+}
 
 
 @dataclass(frozen=True)
@@ -115,7 +128,7 @@ def _enumerate(obs: list[Observation], params: CostParams, space: RuntimeSpace) 
     for oi, o in enumerate(obs):
         table = cost_table(o.arch, params)
         links = links_for(o.gpu, o.intra_link, params)
-        rates = rate_vector(params, o.gpu_type, table.dtype, links.intra_kind)
+        rates = rate_vector(params, o.gpu_type, table.dtype, links.intra_kind, o.arch.family)
         cap = (o.gpu.memory_gib - params.mem_reserve_gib) * GIB
         n = o.num_gpus
         pp = 1
@@ -151,12 +164,12 @@ def _enumerate(obs: list[Observation], params: CostParams, space: RuntimeSpace) 
     return _Candidates(np.array(rows), np.array(plan_of_stage), np.array(obs_of_plan), len(obs), covered, plans)
 
 
-def _rate_keys(obs: list[Observation], params: CostParams, per_type: bool) -> list[tuple[str, str, str]]:
-    return [(o.gpu_type if per_type else "", params.dtype(o.arch.family), intra_link_kind(o.gpu, o.intra_link))
-            for o in obs]
+def _rate_keys(obs: list[Observation], params: CostParams, per_type: bool) -> list[tuple[str, str, str, str]]:
+    return [(o.gpu_type if per_type else "", params.dtype(o.arch.family), intra_link_kind(o.gpu, o.intra_link),
+             o.arch.family) for o in obs]
 
 
-def _rate_rows(keys: list[tuple[str, str, str]], params: CostParams) -> np.ndarray:
+def _rate_rows(keys: list[tuple[str, str, str, str]], params: CostParams) -> np.ndarray:
     uniq = sorted(set(keys))
     table = np.stack([rate_vector(params, *k) for k in uniq])
     return table[[uniq.index(k) for k in keys]]
@@ -227,11 +240,12 @@ def nelder_mead(f, x0: np.ndarray, step: float = 0.3, iters: int = 3000, tol: fl
 @dataclass(frozen=True)
 class FitSpec:
     per_type: bool = True
-    fit_globals: tuple[str, ...] = ("fp32_eff_scale", "mem_eff", "layer_overhead_s", "layer_fixed_flops",
+    fit_globals: tuple[str, ...] = ("fp32_eff_scale", "mem_eff", "layer_overhead_s", "saturation_samples",
                                     "intra_eff", "inter_comm_eff")
     space: RuntimeSpace = ARENA_SPACE
     rounds: int = 4
     huber_delta: float = 0.05  # log units: about L1 beyond 5% error, so single odd rows do not steer
+    use_priors: bool = True
 
 
 @dataclass
@@ -254,6 +268,11 @@ class _Vector:
         base = name.split(":")[0]
         return _BOUNDS["eff"] if base in ("compute_eff", "default_compute_eff") else _BOUNDS[base]
 
+    def prior(self) -> tuple[np.ndarray, np.ndarray]:
+        """log-centers and log-sds of the parameters' priors."""
+        c, sd = zip(*(PRIORS[n.split(":")[0]] for n in self.names))
+        return np.log(np.array(c)), np.array(sd)
+
     def get(self, params: CostParams) -> np.ndarray:
         out = []
         for name in self.names:
@@ -262,6 +281,8 @@ class _Vector:
                 v = params.eff(key)
             elif base == "intra_eff":
                 v = params.link_eff(key)
+            elif base == "saturation_samples":
+                v = params.saturation_samples.get(key) or _START[base]
             else:
                 v = getattr(params, base) or _START.get(base, 1.0)
             lo, hi = self._bound(name)
@@ -269,7 +290,8 @@ class _Vector:
         return np.array(out)
 
     def set(self, params: CostParams, theta: np.ndarray) -> CostParams:
-        upd: dict = {"compute_eff": dict(params.compute_eff), "intra_eff": dict(params.intra_eff)}
+        upd: dict = {"compute_eff": dict(params.compute_eff), "intra_eff": dict(params.intra_eff),
+                     "saturation_samples": dict(params.saturation_samples)}
         for name, x in zip(self.names, theta):
             lo, hi = self._bound(name)
             v = min(max(math.exp(x), lo), hi)
@@ -286,6 +308,9 @@ def _fit_stage(obs: list[Observation], params: CostParams, names: list[str], per
     meas = np.log(np.array([o.measured_s for o in obs]))
     keys = _rate_keys(obs, params, per_type)
     vec = _Vector(names)
+    mu, sd = vec.prior()
+    # Laplace likelihood of scale delta (the pseudo-Huber's L1 regime) against the Gaussian log-priors
+    prior_w = 0.5 * spec.huber_delta ** 2 / len(obs) if spec.use_priors else 0.0
     loss = math.inf
     for _ in range(spec.rounds):
         cand = _enumerate(obs, params, spec.space)
@@ -293,7 +318,8 @@ def _fit_stage(obs: list[Observation], params: CostParams, names: list[str], per
 
         def objective(theta: np.ndarray) -> float:
             pred = _fastest(cand, _rate_rows(keys, vec.set(params, theta)))
-            return float(np.mean(_pseudo_huber(np.log(pred[mask]) - meas[mask], spec.huber_delta)))
+            data = np.mean(_pseudo_huber(np.log(pred[mask]) - meas[mask], spec.huber_delta))
+            return float(data + prior_w * np.sum(((theta - mu) / sd) ** 2))
 
         theta = nelder_mead(objective, vec.get(params), step=0.7)
         theta = nelder_mead(objective, theta, step=0.2)  # restart: Nelder-Mead stalls in flat valleys
@@ -315,6 +341,8 @@ def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | 
             # only link kinds some multi-GPU row crosses; the others keep their published default
             names += [f"intra_eff:{k}" for k in sorted({intra_link_kind(o.gpu, o.intra_link) for o in obs
                                                         if o.gpus_per_node > 1})]
+        elif g == "saturation_samples":
+            names += [f"saturation_samples:{f}" for f in sorted({o.arch.family for o in obs})]
         elif g == "inter_comm_eff":
             names += [g] if any(o.nodes > 1 for o in obs) else []
         else:

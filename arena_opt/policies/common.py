@@ -137,10 +137,12 @@ class Packing:
         self.free_count: dict[tuple, list[int]] = {}
         self.free: dict[str, list[int]] = {}
         self.where: dict[str, Placement] = {}
+        self.node_jobs: dict[str, set[str]] = {}
         used: dict[str, set[int]] = {}
         for jid, pl in (held or {}).items():
             for nid, gpus in pl.items():
                 used.setdefault(nid, set()).update(gpus)
+                self.node_jobs.setdefault(nid, set()).add(jid)
             self.where[jid] = pl
         for key, p in pool_map.items():
             self.cap[key] = p.gpus_per_node
@@ -153,6 +155,18 @@ class Packing:
                 self.free[nid] = fl
                 counts.append(len(fl))
             self.free_count[key] = counts
+
+    def copy(self) -> "Packing":
+        c = object.__new__(Packing)
+        c.pool_map, c.node_pool, c.node_pos, c.cap = self.pool_map, self.node_pool, self.node_pos, self.cap
+        c.free_count = {k: v[:] for k, v in self.free_count.items()}
+        c.free = {k: v[:] for k, v in self.free.items()}
+        c.where = dict(self.where)
+        c.node_jobs = {k: set(v) for k, v in self.node_jobs.items() if v}
+        return c
+
+    def jobs_on(self, nid: str) -> set[str]:
+        return self.node_jobs.get(nid, set())
 
     def free_gpus(self, pool_key: tuple) -> int:
         return sum(self.free_count[pool_key])
@@ -167,6 +181,7 @@ class Packing:
             for g in gpus:
                 fl.remove(g)
             self.free_count[self.node_pool[nid]][self.node_pos[nid]] -= len(gpus)
+            self.node_jobs.setdefault(nid, set()).add(job_id)
         self.where[job_id] = placement
 
     def release(self, job_id: str) -> Placement | None:
@@ -176,6 +191,7 @@ class Packing:
         for nid, gpus in placement.items():
             self.free[nid] = sorted(self.free[nid] + list(gpus))
             self.free_count[self.node_pool[nid]][self.node_pos[nid]] += len(gpus)
+            self.node_jobs[nid].discard(job_id)
         return placement
 
     def find(self, grid: Grid, prev: Placement | None = None) -> Placement | None:
@@ -258,6 +274,42 @@ class PackedPolicy(GridPolicy):
             chosen[j.id] = g
             placements[j.id] = {nid: sorted(gs) for nid, gs in j.running.placement.items()}
         return Packing(snapshot, self.cache.pools, placements), chosen, placements
+
+
+def place_changes(snapshot: ClusterSnapshot, pool_map: dict[tuple, Pool], chosen: dict[str, Grid],
+                  current: dict[str, Grid], held: dict[str, Placement], fallback: dict[str, Grid] | None = None,
+                  ) -> tuple[dict[str, Grid], dict[str, Placement], dict[str, str]]:
+    """Place a round's choice. Kept jobs stay; running jobs that change go first, largest first,
+    then new jobs, largest first (a new job falls back to its `fallback` grid). A running job whose
+    new grid cannot be placed is pinned where it was and the placement starts over, so policies that
+    never preempt do not preempt by accident of fragmentation."""
+    fallback = fallback or {}
+    pinned: set[str] = set()
+    while True:
+        kept = {j: held[j] for j, g in chosen.items() if g.current or j in pinned}
+        pack = Packing(snapshot, pool_map, kept)
+        out = {j: (current[j] if j in pinned else chosen[j]) for j in kept}
+        placements = dict(kept)
+        reasons: dict[str, str] = {}
+        movers = sorted((j for j in chosen if j not in kept), key=lambda j: (j not in current, -chosen[j].num_gpus, j))
+        retry = False
+        for j in movers:
+            pl = pack.take(j, chosen[j], held.get(j))
+            if pl is None and j in fallback:
+                pl = pack.take(j, fallback[j])
+                if pl is not None:
+                    out[j], placements[j] = fallback[j], pl
+                    continue
+            if pl is not None:
+                out[j], placements[j] = chosen[j], pl
+            elif j in current:
+                pinned.add(j)
+                retry = True
+                break
+            else:
+                reasons[j] = "GPUs fragmented: no placement this round"
+        if not retry:
+            return out, placements, reasons
 
 
 def fifo(jobs: list[Job]) -> list[Job]:

@@ -1,0 +1,123 @@
+"""ElasticFlow (elastic, deadline-aware, one GPU type per job): every job keeps its GPU type and
+gets the smallest GPU count that still meets its deadline (its minimum satisfactory share); the
+GPUs left over go, one doubling at a time, to the job whose throughput gains most per added GPU.
+
+Admission as in ElasticFlow: jobs already running keep at least their share; a waiting job is
+admitted (earliest deadline first, then submission order) only when its share fits next to the
+shares of the jobs admitted before it. Jobs that cannot meet their deadline at any count, or
+have none (or `use_deadlines=False`, Arena's "ElasticFlow-L" variant), get the smallest feasible
+count and come after the deadline jobs. Counts are recomputed every round (a running job's share
+is capped at what it holds in the admission pass; it may grow again in the doubling pass); a
+running job whose count changes is resized and pays the reconfiguration."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+
+from arena_opt.decision import SolverStats
+from arena_opt.grids import Grid
+from arena_opt.policies.common import PackedPolicy, place_changes, requested_grid
+
+
+class ElasticFlowPolicy(PackedPolicy):
+    name = "elasticflow"
+
+    def __init__(self, estimator=None, reconfig=None, use_deadlines: bool = True):
+        super().__init__(estimator, reconfig)
+        self.use_deadlines = use_deadlines
+
+    def _share(self, job, ladder: list[Grid], cur: Grid | None, now: float) -> tuple[int, bool]:
+        """Index in the ladder of the smallest count meeting the deadline, and whether one does."""
+        if not self.use_deadlines or job.deadline is None:
+            return 0, False
+        for i, g in enumerate(ladder):
+            same = cur is not None and g.num_gpus == cur.num_gpus
+            delay = 0.0 if same else self.reconfig.delay_s(job.arch, g.num_gpus, resumed=job.running is not None)
+            if now + delay + job.remaining_iterations * g.result.iter_time_s <= job.deadline:
+                return i, True
+        return 0, False
+
+    def plan(self, snapshot):
+        now = snapshot.time
+        _, current, held = self.start_state(snapshot)
+        reasons: dict[str, str] = {}
+        ladders: dict[str, list[Grid]] = {}
+        entries = []
+        for job in snapshot.jobs:
+            opts = self.cache.options(job)
+            cur = current.get(job.id)
+            if cur is not None:
+                t = cur.shape.gpu_type
+            else:
+                g = requested_grid(job, opts)
+                if g is None:
+                    reasons[job.id] = "no feasible grid on this cluster"
+                    continue
+                t = g.shape.gpu_type
+            ladder = [opts[k] for k in sorted(k for k in opts if k[0] == t)]
+            ladder.sort(key=lambda g: g.num_gpus)
+            ladders[job.id] = ladder
+            share, meets = self._share(job, ladder, cur, now)
+            if cur is not None:
+                rank = (0, 0.0, job.submit_time)
+            elif meets:
+                rank = (1, job.deadline, job.submit_time)
+            else:
+                rank = (2, 0.0, job.submit_time)
+            entries.append((rank, job.id, job, share))
+        entries.sort(key=lambda e: (e[0], e[1]))
+
+        free: dict[str, int] = defaultdict(int)
+        for p in self.cache.pools.values():
+            free[p.gpu_type] += p.num_gpus
+        level: dict[str, int] = {}  # job -> index into its ladder
+        for _, jid, job, share in entries:
+            ladder = ladders[jid]
+            t = ladder[0].shape.gpu_type
+            cur = current.get(jid)
+            if cur is not None:
+                # running jobs come first and take at most what they hold, so they always fit
+                held_level = next((k for k, g in enumerate(ladder) if g.num_gpus == cur.num_gpus), 0)
+                share = min(share, held_level)
+            if ladder[share].num_gpus <= free[t]:
+                level[jid] = share
+                free[t] -= ladder[share].num_gpus
+            else:
+                reasons[jid] = f"its share ({ladder[share].num_gpus} x {t}) does not fit next to admitted jobs"
+
+        # leftover GPUs: repeatedly double the job with the largest throughput gain per added GPU
+        heap = []
+        for jid, i in level.items():
+            self._push(heap, jid, ladders[jid], i)
+        while heap:
+            neg_gain, jid, i = heapq.heappop(heap)
+            ladder = ladders[jid]
+            if level[jid] != i:
+                continue
+            t = ladder[i].shape.gpu_type
+            add = ladder[i + 1].num_gpus - ladder[i].num_gpus
+            if add > free[t]:
+                continue
+            free[t] -= add
+            level[jid] = i + 1
+            self._push(heap, jid, ladder, i + 1)
+
+        chosen: dict[str, Grid] = {}
+        for jid, i in level.items():
+            g = ladders[jid][i]
+            cur = current.get(jid)
+            chosen[jid] = cur if cur is not None and cur.num_gpus == g.num_gpus else g
+        fallback = {jid: ladders[jid][0] for jid in level if jid not in current}
+        out, placements, more = place_changes(snapshot, self.cache.pools, chosen, current, held, fallback)
+        reasons.update(more)
+        return out, placements, reasons, SolverStats(solver="greedy", status="ok")
+
+    @staticmethod
+    def _push(heap, jid: str, ladder: list[Grid], i: int) -> None:
+        if i + 1 >= len(ladder):
+            return
+        gain = (ladder[i + 1].throughput - ladder[i].throughput) / (ladder[i + 1].num_gpus - ladder[i].num_gpus)
+        if gain > 0 and math.isfinite(gain):
+            heapq.heappush(heap, (-gain, jid, i))

@@ -1,0 +1,95 @@
+"""Gavel (max-sum-throughput, heterogeneity-aware): every job keeps its GPU count; an integer
+program picks each job's GPU type to maximize the cluster's total throughput (samples/s).
+
+As in Arena's Gavel baseline: waiting jobs are admitted in submission order when they fit next to
+the jobs already admitted (an admitted job is never preempted), and at most `max_migrations`
+running jobs change type per round. The type choice of all admitted jobs is one 0/1 program
+solved by HiGHS; placement then packs the chosen (type, count) at compact locality."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from arena_opt.decision import SolverStats
+from arena_opt.grids import Grid
+from arena_opt.policies.common import PackedPolicy, fifo, place_changes, requested_grid
+from arena_opt.policies.ilp import BinaryProgram
+
+
+class GavelPolicy(PackedPolicy):
+    name = "gavel"
+
+    def __init__(self, estimator=None, reconfig=None, max_migrations: int = 3, time_limit_s: float = 10.0):
+        super().__init__(estimator, reconfig)
+        self.max_migrations = max_migrations
+        self.time_limit_s = time_limit_s
+
+    def _count(self, job, cur: Grid | None, opts) -> int | None:
+        if cur is not None:
+            return cur.num_gpus
+        g = requested_grid(job, opts)
+        return None if g is None else g.num_gpus
+
+    def plan(self, snapshot):
+        pack, current, held = self.start_state(snapshot)
+        reasons: dict[str, str] = {}
+        # admission: submission order, tentatively placed on the fastest type where the count fits
+        admitted: dict[str, list[Grid]] = {}  # job -> its grid per type at its fixed count
+        tentative: dict[str, Grid] = {}
+        for job in fifo(snapshot.jobs):
+            opts = self.cache.options(job)
+            n = self._count(job, current.get(job.id), opts)
+            cands = sorted((g for (t, c), g in opts.items() if c == n), key=lambda g: -g.throughput)
+            if job.id in current:
+                cur = current[job.id]
+                admitted[job.id] = [cur] + [g for g in cands if g.shape.gpu_type != cur.shape.gpu_type]
+                continue
+            if not cands:
+                reasons[job.id] = "no feasible grid at its GPU count"
+                continue
+            for g in cands:
+                if pack.take(job.id, g) is not None:
+                    admitted[job.id] = cands
+                    tentative[job.id] = g
+                    break
+            else:
+                reasons[job.id] = f"{n} GPUs of no type are free"
+
+        chosen, stats = self._types(snapshot, admitted, current, tentative)
+        out, placements, more = place_changes(snapshot, self.cache.pools, chosen, current, held, tentative)
+        reasons.update(more)
+        return out, placements, reasons, stats
+
+    def _types(self, snapshot, admitted, current, tentative) -> tuple[dict[str, Grid], SolverStats]:
+        jobs = list(admitted)
+        var: list[tuple[str, Grid]] = [(j, g) for j in jobs for g in admitted[j]]
+        if not var:
+            return {}, SolverStats(solver="highs", status="empty")
+        bp = BinaryProgram(len(var))
+        by_job: dict[str, list[int]] = defaultdict(list)
+        by_type: dict[str, list[int]] = defaultdict(list)
+        stays: list[int] = []
+        for i, (j, g) in enumerate(var):
+            bp.c[i] = g.throughput
+            by_job[j].append(i)
+            by_type[g.shape.gpu_type].append(i)
+            if g.current:
+                stays.append(i)
+                bp.c[i] += 1e-6 * max(g.throughput, 1.0)  # equal throughput: do not move
+        for j, idx in by_job.items():
+            bp.add_row(idx, 1.0, 1.0, 1.0)  # every admitted job runs on exactly one type
+        cap = defaultdict(int)
+        for p in self.cache.pools.values():
+            cap[p.gpu_type] += p.num_gpus
+        for t, idx in by_type.items():
+            bp.add_row(idx, [var[i][1].node_units(var[i][1].pool[1]) for i in idx], hi=cap[t])
+        if stays:
+            bp.add_row(stays, 1.0, lo=len(stays) - self.max_migrations)
+        res = bp.solve(self.time_limit_s)
+        stats = SolverStats(solver="highs", status=res.status, objective=res.objective, bound=res.bound,
+                            solve_s=res.solve_s)
+        if res.x is None:  # keep everyone where the admission put them
+            stats.fallback = True
+            return {**current, **tentative}, stats
+        return {var[i][0]: var[i][1] for i in range(len(var)) if res.x[i]}, stats
+

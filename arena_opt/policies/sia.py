@@ -1,0 +1,106 @@
+"""Sia (heterogeneity- and adaptivity-aware, goodput-optimized): one 0/1 program over every job's
+(GPU type, GPU count) maximizing the sum of normalized goodput raised to the power p (a p-norm
+with p = 0.5, Sia's fairness setting in Arena's baseline), with a restart factor for running jobs
+that would change configuration.
+
+Normalized goodput of a configuration is its throughput over the job's slowest feasible one
+(goodput = throughput: batch sizes are fixed in these traces). As in Arena's Sia baseline,
+waiting jobs are admitted in submission order when their smallest configuration fits, admitted
+jobs are never preempted, and at most `max_migrations` running jobs change configuration per
+round. Restart factor (Sia): r = max((age - restarts * delay) / (age + delay), 0.01) with age the
+time since submission and delay the reconfiguration time of the new configuration."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from arena_opt.decision import SolverStats
+from arena_opt.grids import Grid
+from arena_opt.policies.common import PackedPolicy, fifo, place_changes
+from arena_opt.policies.ilp import BinaryProgram
+
+
+class SiaPolicy(PackedPolicy):
+    name = "sia"
+
+    def __init__(self, estimator=None, reconfig=None, p: float = 0.5, clip: float = 3000.0, max_migrations: int = 5,
+                 time_limit_s: float = 10.0, mip_gap: float = 1e-3):
+        super().__init__(estimator, reconfig)
+        self.p, self.clip, self.max_migrations = p, clip, max_migrations
+        self.time_limit_s, self.mip_gap = time_limit_s, mip_gap
+        self._restarts: dict[str, int] = defaultdict(int)  # configuration changes this policy ordered
+
+    def plan(self, snapshot):
+        pack, current, held = self.start_state(snapshot)
+        reasons: dict[str, str] = {}
+        admitted: dict[str, list[Grid]] = {}
+        tentative: dict[str, Grid] = {}
+        for job in fifo(snapshot.jobs):
+            opts = list(self.cache.options(job).values())
+            if job.id in current:
+                cur = current[job.id]
+                admitted[job.id] = [cur] + [g for g in opts if (g.shape.gpu_type, g.num_gpus) !=
+                                            (cur.shape.gpu_type, cur.num_gpus)]
+                continue
+            if not opts:
+                reasons[job.id] = "no feasible grid on this cluster"
+                continue
+            smallest = sorted(opts, key=lambda g: (g.num_gpus, -g.throughput))
+            for g in smallest:
+                if g.num_gpus > smallest[0].num_gpus:
+                    break
+                if pack.take(job.id, g) is not None:
+                    admitted[job.id] = opts
+                    tentative[job.id] = g
+                    break
+            else:
+                reasons[job.id] = f"its smallest configuration ({smallest[0].num_gpus} GPUs) is not free"
+
+        chosen, stats = self._solve(snapshot, admitted, current, tentative)
+        out, placements, more = place_changes(snapshot, self.cache.pools, chosen, current, held, tentative)
+        reasons.update(more)
+        for j, g in out.items():
+            if j in current and not g.current:
+                self._restarts[j] += 1
+        return out, placements, reasons, stats
+
+    def _utility(self, job, g: Grid, base: float, now: float) -> float:
+        r = 1.0
+        if job.running is not None and not g.current:
+            delay = self.reconfig.delay_s(job.arch, g.num_gpus, resumed=True)
+            age = max(now - job.submit_time, 0.0)
+            r = max((age - self._restarts[job.id] * delay) / (age + delay), 0.01)
+        return min((g.throughput / base * r) ** self.p, self.clip)
+
+    def _solve(self, snapshot, admitted, current, tentative):
+        jobs = {j.id: j for j in snapshot.jobs}
+        var: list[tuple[str, Grid]] = [(j, g) for j in admitted for g in admitted[j]]
+        if not var:
+            return {}, SolverStats(solver="highs", status="empty")
+        bp = BinaryProgram(len(var))
+        by_job: dict[str, list[int]] = defaultdict(list)
+        by_type: dict[str, list[int]] = defaultdict(list)
+        stays: list[int] = []
+        base = {j: min(g.throughput for g in self.cache.options(jobs[j]).values()) for j in admitted}
+        for i, (j, g) in enumerate(var):
+            bp.c[i] = self._utility(jobs[j], g, base[j], snapshot.time)
+            by_job[j].append(i)
+            by_type[g.shape.gpu_type].append(i)
+            if g.current:
+                stays.append(i)
+        for idx in by_job.values():
+            bp.add_row(idx, 1.0, 1.0, 1.0)
+        cap: dict[str, int] = defaultdict(int)
+        for p in self.cache.pools.values():
+            cap[p.gpu_type] += p.num_gpus
+        for t, idx in by_type.items():
+            bp.add_row(idx, [var[i][1].node_units(var[i][1].pool[1]) for i in idx], hi=cap[t])
+        if stays:
+            bp.add_row(stays, 1.0, lo=len(stays) - self.max_migrations)
+        res = bp.solve(self.time_limit_s, self.mip_gap)
+        stats = SolverStats(solver="highs", status=res.status, objective=res.objective, bound=res.bound,
+                            solve_s=res.solve_s)
+        if res.x is None:
+            stats.fallback = True
+            return {**current, **tentative}, stats
+        return {var[i][0]: var[i][1] for i in range(len(var)) if res.x[i]}, stats
