@@ -20,16 +20,46 @@ class PlacementError(RuntimeError):
 
 
 def topology(snapshot: ClusterSnapshot) -> nx.Graph:
+    """cluster - rack - node tree; GPUs of a node share its links, so nodes are the leaves."""
     g = nx.Graph()
     g.add_node("cluster", kind="cluster")
+    racks = {f"rack:{n.rack or 'default'}" for n in snapshot.nodes}
+    g.add_edges_from(("cluster", r) for r in racks)
+    g.add_edges_from((f"rack:{n.rack or 'default'}", n.id) for n in snapshot.nodes)
     for n in snapshot.nodes:
-        rack = f"rack:{n.rack or 'default'}"
-        g.add_edge("cluster", rack)
-        g.add_edge(rack, n.id)
         g.nodes[n.id].update(kind="node", gpu_type=n.gpu_type, num_gpus=n.num_gpus)
-        for i in range(n.num_gpus):
-            g.add_edge(n.id, (n.id, i))
     return g
+
+
+class FreeIndex:
+    """Free GPU count of every node of a pool, bucketed by count, for O(GPUs per node) best fit."""
+
+    def __init__(self, node_ids: list[str], free_counts: dict[str, int], gpus_per_node: int):
+        self.g = gpus_per_node
+        self.bucket: list[dict[str, None]] = [dict() for _ in range(gpus_per_node + 1)]  # ordered sets
+        self.count: dict[str, int] = {}
+        for n in node_ids:
+            self.count[n] = free_counts[n]
+            self.bucket[free_counts[n]][n] = None
+
+    def whole(self) -> list[str]:
+        return list(self.bucket[self.g])
+
+    def best_fit(self, k: int, prefer: set[str] = frozenset()) -> str | None:
+        for c in range(k, self.g + 1):
+            for n in prefer:
+                if self.count.get(n) == c:
+                    return n
+        for c in range(k, self.g + 1):
+            if self.bucket[c]:
+                return next(iter(self.bucket[c]))
+        return None
+
+    def take(self, n: str, k: int) -> None:
+        c = self.count[n]
+        del self.bucket[c][n]
+        self.count[n] = c - k
+        self.bucket[c - k][n] = None
 
 
 def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid]) -> dict[str, dict[str, list[int]]]:
@@ -46,18 +76,19 @@ def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid]) -> dict[str, dict[
             out[jid] = {nid: sorted(gs) for nid, gs in placement.items()}
 
     topo = topology(snapshot)
-    rack_of = {n: next(r for r in topo.neighbors(n) if str(r).startswith("rack:")) for n in nodes}
+    rack_of = {n: next(iter(topo.neighbors(n))) for n in nodes}
     pool_nodes: dict[tuple, list[str]] = defaultdict(list)
     for n in snapshot.nodes:
         pool_nodes[(n.gpu_type, n.num_gpus, n.intra_link)].append(n.id)
+    index = {key: FreeIndex(ids, {n: len(free[n]) for n in ids}, key[1]) for key, ids in pool_nodes.items()}
 
     todo = [(jid, g) for jid, g in chosen.items() if not g.current]
     todo.sort(key=lambda x: (not x[1].multi_node, -x[1].num_gpus, x[0]))
     for jid, g in todo:
         prev = set(jobs[jid].running.placement) if jobs[jid].running else set()
-        cands = pool_nodes[g.pool]
+        idx = index[g.pool]
         if g.multi_node:
-            whole = [n for n in cands if len(free[n]) == nodes[n].num_gpus]
+            whole = idx.whole()
             pick = _fewest_racks(whole, g.shape.nodes, rack_of, prev)
             if pick is None:
                 raise PlacementError(f"job {jid}: needs {g.shape.nodes} free {g.pool[0]} nodes, "
@@ -66,13 +97,14 @@ def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid]) -> dict[str, dict[
             for n in pick:
                 out[jid][n] = free[n][: g.shape.gpus_per_node]
                 free[n] = free[n][g.shape.gpus_per_node:]
+                idx.take(n, g.shape.gpus_per_node)
         else:
-            fits = [n for n in cands if len(free[n]) >= g.num_gpus]
-            if not fits:
+            best = idx.best_fit(g.num_gpus, prev)
+            if best is None:
                 raise PlacementError(f"job {jid}: no {g.pool[0]} node has {g.num_gpus} free GPUs")
-            best = min(fits, key=lambda n: (n not in prev, len(free[n]), n))
             out[jid] = {best: free[best][: g.num_gpus]}
             free[best] = free[best][g.num_gpus:]
+            idx.take(best, g.num_gpus)
     return out
 
 

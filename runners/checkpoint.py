@@ -24,9 +24,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch import nn
 
 LATEST = "latest"
@@ -49,6 +46,10 @@ def read_meta(path: str | Path) -> dict:
 def save(module: nn.Module, optim: torch.optim.Optimizer, step: int, ckpt_dir: str | Path, meta: dict,
          keep: int = 2) -> tuple[Path, float]:
     """Collective: every rank calls it. Returns (path, seconds)."""
+    # imported here: DCP costs 2-3 s of start-up that jobs which never save should not pay
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
     t0 = time.perf_counter()
     ckpt_dir = Path(ckpt_dir)
     path = ckpt_dir / f"step_{step:09d}"
@@ -71,6 +72,10 @@ def save(module: nn.Module, optim: torch.optim.Optimizer, step: int, ckpt_dir: s
 def load(module: nn.Module, optim: torch.optim.Optimizer, path: str | Path) -> tuple[int, float]:
     """Collective: load a checkpoint saved under any plan into this rank's shards.
     Returns (step, seconds)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
     t0 = time.perf_counter()
     meta = read_meta(path)
     model_sd = get_model_state_dict(module)

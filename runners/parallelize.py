@@ -142,9 +142,7 @@ def parallelize(arch: Arch, plan: Plan, device: torch.device, dp_mode: str = "dd
 
 def _sync(module: nn.Module, enabled: bool) -> None:
     """Gradient synchronisation only on the last micro-batch of a step."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if isinstance(module, FSDPModule):
-        module.set_requires_gradient_sync(enabled)
-    elif isinstance(module, nn.parallel.DistributedDataParallel):
+    if isinstance(module, nn.parallel.DistributedDataParallel):
         module.require_backward_grad_sync = enabled
+    elif hasattr(module, "set_requires_gradient_sync"):  # FSDP2 (not imported unless the plan uses it)
+        module.set_requires_gradient_sync(enabled)

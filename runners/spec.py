@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat,
-                      PositiveInt, ValidationError, model_validator)
+                      PositiveInt, ValidationError, field_validator, model_validator)
 
 from arena_opt.plan import Plan
 from models.catalog import ARCHITECTURES, Arch, arena_model_name
@@ -56,9 +56,13 @@ class TrainSpec(BaseModel):
         None, description="fault injection: rank `fail_rank` exits hard when reaching this step")
     fail_rank: NonNegativeInt = 0
 
+    @field_validator("model")
+    @classmethod
+    def _known(cls, v: str | Arch) -> str | Arch:
+        return check_model_name(v)
+
     @model_validator(mode="after")
     def _check(self) -> "TrainSpec":
-        self.model = check_model_name(self.model)
         split = self.plan.dp * self.plan.num_microbatches
         if self.global_batch % split:
             raise ValueError(f"global_batch {self.global_batch} is not divisible by dp x num_microbatches "

@@ -24,8 +24,9 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from runners import checkpoint
 from runners.progress import ProgressWriter, stop_requested
+from runners import checkpoint
+from runners.checkpoint import latest_checkpoint
 from runners.spec import SpecError, TrainSpec, load_spec, parse_spec
 
 EXIT_BAD_SPEC = 2
@@ -112,8 +113,9 @@ def _train(spec: TrainSpec, device: torch.device) -> int:
         return EXIT_BAD_SPEC
     optim = torch.optim.AdamW(pm.module.parameters(), lr=spec.lr)
     step, resumed_from = 0, None
-    ckpt = checkpoint.latest_checkpoint(spec.ckpt_dir)
+    ckpt = latest_checkpoint(spec.ckpt_dir)
     if ckpt is not None:
+
         step, load_s = checkpoint.load(pm.module, optim, ckpt)
         resumed_from = str(ckpt)
         if writer:

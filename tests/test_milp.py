@@ -152,3 +152,36 @@ def test_deadline_job_gets_throughput_it_needs():
     d = ArenaPolicy(estimator=est).decide(snap)
     jd = d.by_job()[j0.id]
     assert jd.runs and jd.est_throughput >= need * (1 - 1e-9)
+
+
+def test_solver_without_incumbent_falls_back_to_flagged_greedy(monkeypatch):
+    import arena_opt.policies.arena as arena_mod
+    from arena_opt.milp.solve import SolveResult
+
+    monkeypatch.setattr(arena_mod, "solve_problem",
+                        lambda p, **kw: SolveResult(None, "maxTimeLimit", None, None, None, 0.0, 0.0))
+    snap = tiny(2, jobs=6)
+    d = ArenaPolicy(estimator=EST).decide(snap)
+    check_decision(snap, d)
+    assert d.stats.fallback and "greedy" in d.stats.note and d.stats.objective is not None
+    assert any(j.runs for j in d.jobs)
+
+
+def test_inline_architecture_and_catalog_override():
+    from arena_opt.gpus import BUILTIN_GPUS
+    from models.catalog import Arch
+
+    snap = tiny(4, jobs=2)
+    arch = Arch(name="my-gpt", family="gpt", num_layers=6, hidden=512, heads=8, vocab=32000, seq_len=512)
+    job = snap.jobs[0].model_copy(update={"model": arch, "running": None,
+                                          "remaining_iterations": float(snap.jobs[0].total_iterations)})
+    slow = BUILTIN_GPUS["a10"].model_copy(update={"peak_tflops": 1.0})
+    snap2 = snap.model_validate({**snap.model_dump(), "jobs": [job.model_dump(), snap.jobs[1].model_dump()],
+                                 "gpu_catalog": {"a10": slow.model_dump()}})
+    est = PerfEstimator()
+    grids = enumerate_grids(snap2, est)[job.id]
+    assert grids, "an inline architecture gets grids"
+    fast = {g.shape.gpu_type: g.throughput for g in enumerate_grids(snap, est)[snap.jobs[1].id] if g.num_gpus == 1}
+    slowed = {g.shape.gpu_type: g.throughput for g in enumerate_grids(snap2, est)[snap.jobs[1].id] if g.num_gpus == 1}
+    assert slowed["a10"] < fast["a10"]  # the override reached the estimate
+    check_decision(snap2, ArenaPolicy(estimator=est).decide(snap2))

@@ -7,32 +7,33 @@ from __future__ import annotations
 import numpy as np
 
 from arena_opt.milp.problem import ClusterProblem
+from arena_opt.placement import FreeIndex
 
 
 class _Free:
-    """Free GPUs per node slot of every pool (occupied nodes first, then empty ones)."""
+    """Free GPUs per node slot of every pool (occupied nodes first, then empty ones), bucketed by count."""
 
     def __init__(self, p: ClusterProblem, kept: set[int]):
-        self.g = {key: pi.gpus_per_node for key, pi in p.pools.items()}
-        self.cap: dict[tuple, list[int]] = {}
+        self.idx: dict[tuple, FreeIndex] = {}
         for key, pi in p.pools.items():
             caps = [pi.gpus_per_node - sum(n for j, n in users if j in kept) for users in pi.occupied.values()]
-            self.cap[key] = caps + [pi.gpus_per_node] * pi.empty_nodes
+            caps += [pi.gpus_per_node] * pi.empty_nodes
+            ids = [str(i) for i in range(len(caps))]
+            self.idx[key] = FreeIndex(ids, dict(zip(ids, caps)), pi.gpus_per_node)
 
     def take(self, key: tuple, units: int) -> bool:
-        caps, g = self.cap[key], self.g[key]
-        if units >= g:
-            whole = [i for i, c in enumerate(caps) if c == g]
-            if len(whole) < units // g:
+        idx = self.idx[key]
+        if units >= idx.g:
+            whole = idx.whole()
+            if len(whole) < units // idx.g:
                 return False
-            for i in whole[: units // g]:
-                caps[i] = 0
+            for n in whole[: units // idx.g]:
+                idx.take(n, idx.g)
             return True
-        fits = [i for i, c in enumerate(caps) if c >= units]
-        if not fits:
+        n = idx.best_fit(units)
+        if n is None:
             return False
-        i = min(fits, key=lambda i: caps[i])
-        caps[i] -= units
+        idx.take(n, units)
         return True
 
 

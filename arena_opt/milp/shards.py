@@ -38,12 +38,17 @@ def split(p: ClusterProblem, shards: int, seed: int = 0) -> list[tuple[ClusterPr
     """Sub-problems and, for each, the original job index of its jobs."""
     rng = np.random.default_rng(seed)
     comps = _components(p)
-    rng.shuffle(comps)
-    # big components first so shards stay balanced in jobs
-    comps.sort(key=len, reverse=True)
+    rng.shuffle(comps)  # ties in the sort below are broken at random (seeded)
+    best = np.zeros(p.num_jobs)
+    if len(p.grids):
+        np.maximum.at(best, p.job_of, p.value)
+    # deal in snake order over comparable components (deadline jobs first, then by value), so every shard
+    # gets a like share of deadlines, of valuable jobs and of nodes' worth of demand
+    comps.sort(key=lambda c: (-sum(p.deadline_need[j] > 0 for j in c), -sum(best[j] for j in c)))
     members: list[list[int]] = [[] for _ in range(shards)]
-    for c in comps:
-        min(members, key=len).extend(c)
+    order = list(range(shards)) + list(range(shards - 1, -1, -1))
+    for i, c in enumerate(comps):
+        members[order[i % len(order)]].extend(c)
     out = []
     for s, jobs in enumerate(members):
         jobs_arr = np.array(sorted(jobs), dtype=int)

@@ -303,8 +303,11 @@ class Simulator:
                 self._push(sj.ready_at, READY, sj.index, sj.version)
             self._push(sj.completion_time(), COMPLETION, sj.index, sj.version)
         if self.decision_log is not None:
-            self.decision_log.append((t, {sj.spec.id: (sj.gpu_type, {n: list(g) for n, g in sj.placement.items()})
-                                          for sj in self.active.values() if sj.status == RUNNING}))
+            self.decision_log.append({
+                "t": t,
+                "alloc": {sj.spec.id: (sj.gpu_type, {n: list(g) for n, g in sj.placement.items()})
+                          for sj in self.active.values() if sj.status == RUNNING},
+                "remaining": {sj.spec.id: sj.remaining for sj in self.active.values()}})
         return len(todo)
 
     # ---- bookkeeping -----------------------------------------------------------------------------

@@ -1,0 +1,252 @@
+"""Arena's published heuristic (EuroSys'26, the artifact's "crius" scheduler), for comparing with
+the paper's own system through the same interface.
+
+Each round:
+1. Waiting jobs in submission order. A job starts on its requested GPU type and count at its best
+   locality when that is free; else partially used nodes are consolidated by migrating the jobs on
+   the fewest nodes elsewhere; else a search of depth `depth` over modifications of running jobs
+   (halve the GPU count of a job on the wanted type, move a job to another type with free GPUs,
+   or halve the new job itself; the `breadth` cheapest modifications per step) applies the set
+   with the largest total throughput gain that lets the job start. A job that still does not fit
+   waits; later jobs that fit run opportunistically, and are preempted (latest first) when the
+   earlier job can start with their GPUs.
+2. Then, at most `max_upgrades` times, the single best upgrade (double a job's GPUs on its type,
+   or move it to a faster type at its count) is applied while it raises the total throughput
+   (raw samples/s summed over jobs). Types where a job waits are left to that job.
+
+The search is bounded (`max_searches` per round, one failed search per GPU type) where the
+artifact needed 5-300 s per round."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import combinations
+
+from arena_opt.decision import SolverStats
+from arena_opt.grids import Grid
+from arena_opt.policies.common import PackedPolicy, Packing, Placement, fifo, requested_grid
+
+
+class ArenaGreedyPolicy(PackedPolicy):
+    name = "arena-greedy"
+
+    def __init__(self, estimator=None, reconfig=None, depth: int = 2, breadth: int = 8, max_upgrades: int = 10,
+                 max_searches: int = 16):
+        super().__init__(estimator, reconfig)
+        self.depth, self.breadth, self.max_upgrades, self.max_searches = depth, breadth, max_upgrades, max_searches
+
+    def plan(self, snapshot):
+        pack, alloc, held = self.start_state(snapshot)
+        self.jobs = {j.id: j for j in snapshot.jobs}
+        self.alloc = alloc  # job -> grid it runs on after this round (current ones keep their flag)
+        reasons: dict[str, str] = {}
+        blocked: set[str] = set()  # GPU types on which an earlier job waits
+        failed_search: set[str] = set()
+        searches = 0
+        for job in fifo([j for j in snapshot.jobs if j.id not in alloc]):
+            opts = self.cache.options(job)
+            target = requested_grid(job, opts)
+            if target is None:
+                reasons[job.id] = "no feasible grid on this cluster"
+                continue
+            t = target.shape.gpu_type
+            placed = self._fit(pack, job.id, target)
+            if placed is None:
+                placed = self._consolidate(pack, job.id, target)
+            if placed is None and t not in failed_search and searches < self.max_searches:
+                searches += 1
+                placed = self._search(pack, job, target, opts)
+                if placed is None:
+                    failed_search.add(t)
+            if placed is None:
+                placed = self._preempt_later(pack, job, target, reasons)
+            if placed is None:
+                blocked.add(t)
+                reasons[job.id] = f"{target.num_gpus} x {t} not available (waits first in line for {t})"
+                continue
+            pack, grid = placed
+            alloc[job.id] = grid
+        pack = self._upgrades(pack, blocked)
+        placements = {j: pack.where[j] for j in alloc}
+        chosen = {j: self._flag(j, g, placements[j], held.get(j)) for j, g in alloc.items()}
+        return chosen, placements, reasons, SolverStats(solver="greedy", status="ok", note=f"{searches} searches")
+
+    # ---- building blocks; each returns a new Packing (the input is left untouched) ---------------
+    def _fit(self, pack: Packing, jid: str, grid: Grid):
+        pl = pack.find(grid)
+        if pl is None:
+            return None
+        new = pack.copy()
+        new.hold(jid, pl)
+        return new, grid
+
+    def _consolidate(self, pack: Packing, jid: str, grid: Grid):
+        """Clear the cheapest node(s) of the grid's pool by migrating their sub-node jobs elsewhere."""
+        key = grid.pool
+        if key not in pack.free_count or pack.free_gpus(key) < grid.num_gpus:
+            return None
+        ids = pack.pool_map[key].node_ids
+        cap = pack.cap[key]
+        need_nodes = grid.shape.nodes if grid.multi_node else 1
+        need = cap if grid.multi_node else grid.num_gpus
+
+        def movable(nid):  # sub-node jobs only: whole-node jobs stay
+            return all(not self.alloc[j].multi_node for j in pack.jobs_on(nid))
+
+        # cheapest nodes first: fewest GPUs to move off them
+        cands = sorted((need - pack.free_count[key][i], ids[i]) for i in range(len(ids)) if movable(ids[i]))
+        if grid.multi_node:
+            tries = [[nid for _, nid in cands[:need_nodes]]] if len(cands) >= need_nodes else []
+        else:
+            tries = [[nid] for cost, nid in cands if cost > 0][:4]
+        for target_nodes in tries:
+            new = pack.copy()
+            evict = sorted({j for n in target_nodes for j in new.jobs_on(n)},
+                           key=lambda j: -self.alloc[j].num_gpus)
+            if not grid.multi_node:  # move the fewest jobs: largest first, until the job fits
+                n0 = target_nodes[0]
+                free = new.free_count[key][new.node_pos[n0]]
+                keep = []
+                for j in evict:
+                    if free >= need:
+                        keep.append(j)
+                    else:
+                        free += self.alloc[j].num_gpus
+                evict = [j for j in evict if j not in keep]
+            for j in evict:
+                new.release(j)
+            new.hold(jid, {n: new.free[n][: grid.shape.gpus_per_node if grid.multi_node else grid.num_gpus]
+                           for n in target_nodes})
+            ok = True
+            for j in evict:
+                g = self.alloc[j]
+                pl = new.find(g)
+                if pl is None:
+                    ok = False
+                    break
+                new.hold(j, pl)
+            if ok:
+                return new, grid
+        return None
+
+    def _mods(self, pack: Packing, job, target: Grid, opts) -> list[tuple[float, str, Grid]]:
+        """Candidate modifications (throughput lost, job, its new grid), cheapest first."""
+        out: list[tuple[float, str, Grid]] = []
+        t = target.shape.gpu_type
+        for j, g in self.alloc.items():
+            if g.shape.gpu_type != t:
+                continue
+            jo = self.cache.options(self.jobs[j])
+            half = jo.get((t, g.num_gpus // 2)) if g.num_gpus > 1 else None
+            if half is not None:
+                out.append((g.throughput - half.throughput, j, half))
+            for (t2, c), g2 in jo.items():
+                if t2 != t and c == g.num_gpus and pack.find(g2) is not None:
+                    out.append((g.throughput - g2.throughput, j, g2))
+        half = opts.get((t, target.num_gpus // 2)) if target.num_gpus > 1 else None
+        if half is not None:
+            out.append((target.throughput - half.throughput, job.id, half))
+        out.sort(key=lambda m: (m[0], m[1]))
+        return out[: self.breadth]
+
+    def _search(self, pack: Packing, job, target: Grid, opts):
+        mods = self._mods(pack, job, target, opts)
+        best = None
+        for d in range(1, self.depth + 1):
+            for combo in combinations(mods, d):
+                if len({m[1] for m in combo}) < d:
+                    continue
+                res = self._apply_mods(pack, job.id, target, combo)
+                if res is None:
+                    continue
+                new, grid, gain = res
+                if best is None or gain > best[2]:
+                    best = (new, grid, gain, combo)
+        if best is None:
+            return None
+        new, grid, _, combo = best
+        for _, j, g in combo:
+            if j != job.id:
+                self.alloc[j] = g
+        return new, grid
+
+    def _apply_mods(self, pack: Packing, jid: str, target: Grid, combo):
+        new = pack.copy()
+        grid, lost = target, 0.0
+        for loss, j, g in combo:
+            if j == jid:
+                grid = g
+                lost += loss
+                continue
+            old = new.release(j)
+            pl = new.find(g, old)
+            if pl is None:
+                return None
+            new.hold(j, pl)
+            lost += loss
+        pl = new.find(grid)
+        if pl is None:
+            res = self._consolidate(new, jid, grid)
+            if res is None:
+                return None
+            new = res[0]
+        else:
+            new.hold(jid, pl)
+        return new, grid, grid.throughput - lost
+
+    def _preempt_later(self, pack: Packing, job, target: Grid, reasons: dict[str, str]):
+        """Preempt jobs submitted after this one on the wanted pool, latest first, if that lets it start."""
+        victims = sorted((j for j, g in self.alloc.items()
+                          if g.pool == target.pool and self.jobs[j].submit_time > job.submit_time),
+                         key=lambda j: (-self.jobs[j].submit_time, j))
+        if not victims:
+            return None
+        new = pack.copy()
+        freed = []
+        for v in victims:
+            new.release(v)
+            freed.append(v)
+            pl = new.find(target)
+            if pl is not None:
+                new.hold(job.id, pl)
+                for f in freed:
+                    del self.alloc[f]
+                    reasons[f] = f"preempted: earlier job {job.id} takes its GPUs"
+                return new, target
+        return None
+
+    def _upgrades(self, pack: Packing, blocked: set[str]) -> Packing:
+        for _ in range(self.max_upgrades):
+            best = None
+            for j, g in self.alloc.items():
+                jo = self.cache.options(self.jobs[j])
+                t = g.shape.gpu_type
+                cands = []
+                up = jo.get((t, g.num_gpus * 2))
+                if up is not None and t not in blocked:
+                    cands.append(up)
+                cands += [g2 for (t2, c), g2 in jo.items()
+                          if c == g.num_gpus and t2 != t and t2 not in blocked and g2.throughput > g.throughput]
+                for g2 in cands:
+                    gain = g2.throughput - g.throughput
+                    if gain <= 0 or (best is not None and gain <= best[0]):
+                        continue
+                    trial = pack.copy()
+                    old = trial.release(j)
+                    pl = trial.find(g2, old)
+                    if pl is None:
+                        continue
+                    trial.hold(j, pl)
+                    best = (gain, j, g2, trial)
+            if best is None:
+                break
+            _, j, g2, pack = best
+            self.alloc[j] = g2
+        return pack
+
+    def _flag(self, jid: str, grid: Grid, placement: Placement, prev: Placement | None) -> Grid:
+        """A job left on exactly its old GPUs with its old grid keeps running (`current`); a job that
+        moved loses the flag and is migrated."""
+        if grid.current and placement != prev:
+            return replace(grid, current=False)
+        return grid

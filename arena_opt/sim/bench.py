@@ -1,0 +1,110 @@
+"""`arena-opt bench`: the same trace and cluster through several policies, one process each, then
+the Markdown table and the plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from arena_opt.errors import InputError
+from arena_opt.policies import REGISTRY
+from arena_opt.sim.config import RunConfig, warm_plan_cache
+from arena_opt.sim.plots import plot_all
+from arena_opt.sim.results import markdown_table
+
+ALL = ["fcfs", "gavel", "sia", "elasticflow", "arena-greedy", "arena"]
+
+
+def parse_policies(text: str) -> list[str]:
+    names = ALL if text == "all" else [p.strip() for p in text.split(",") if p.strip()]
+    for p in names:
+        if p not in REGISTRY:
+            raise InputError(f"--policies: unknown policy {p!r}; known: {', '.join(REGISTRY)}")
+    return names
+
+
+def run_bench(base: RunConfig, policies: list[str], out_dir: str | Path, *, parallel: int = 1,
+              show_progress: bool = True, timeout_s: float | None = None) -> tuple[list[dict], dict]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    info: dict = {"policies": policies, "failed": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "plans.pkl"
+        info["plan_warmup_s"] = warm_plan_cache(base, cache)
+        jobs = []
+        for p in policies:
+            cfg = base.model_copy(update={"policy": p, "plan_cache": str(cache)})
+            cfg_path = Path(tmp) / f"{p}.json"
+            cfg_path.write_text(cfg.model_dump_json())
+            jobs.append((p, cfg_path, out_dir / f"{p}.json"))
+        walls = _run_workers(jobs, parallel, show_progress, timeout_s, info)
+    info["process_wall_s"] = walls
+    results = []
+    for p, _, out in jobs:
+        if out.is_file() and p not in info["failed"]:
+            results.append(json.loads(out.read_text()))
+    if results:
+        (out_dir / "results.md").write_text(markdown_table(results) + "\n")
+        info["plots"] = [str(x) for x in plot_all(results, out_dir)]
+    return results, info
+
+
+def _run_workers(jobs, parallel: int, show_progress: bool, timeout_s, info) -> dict[str, float]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    walls: dict[str, float] = {}
+    state: dict[str, tuple[int, int]] = {}
+    pending = list(jobs)
+    running: dict[str, tuple] = {}
+
+    def reader(p, stream):  # progress lines from one worker
+        for line in stream:
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == "progress":
+                state[p] = (int(parts[1]), int(parts[2]))
+
+    with Progress(TextColumn("{task.description:>14}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=not show_progress) as prog:
+        tasks = {p: prog.add_task(p, total=None, start=False) for p, _, _ in jobs}
+        while pending or running:
+            while pending and len(running) < max(1, parallel):
+                p, cfg_path, out = pending.pop(0)
+                err = open(cfg_path.with_suffix(".err"), "w+")
+                proc = subprocess.Popen([sys.executable, "-m", "arena_opt.sim.worker", str(cfg_path), str(out)],
+                                        stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+                th = threading.Thread(target=reader, args=(p, proc.stdout), daemon=True)
+                th.start()
+                prog.start_task(tasks[p])
+                running[p] = (proc, time.perf_counter(), err, th)
+            for p, (proc, t0, err, th) in list(running.items()):
+                if p in state:
+                    prog.update(tasks[p], completed=state[p][0], total=state[p][1])
+                timed_out = timeout_s is not None and time.perf_counter() - t0 > timeout_s
+                if timed_out:
+                    proc.kill()
+                if proc.poll() is None:
+                    continue
+                walls[p] = time.perf_counter() - t0
+                th.join(timeout=5)
+                err.seek(0)
+                lines = err.read().strip().splitlines()
+                err.close()
+                if timed_out:
+                    info["failed"][p] = f"timed out after {timeout_s:.0f} s"
+                elif proc.returncode != 0:
+                    info["failed"][p] = lines[-1] if lines else f"exit code {proc.returncode}"
+                if p in info["failed"]:
+                    prog.update(tasks[p], description=f"{p} FAILED")
+                elif p in state:
+                    prog.update(tasks[p], completed=state[p][0], total=state[p][1])
+                del running[p]
+            time.sleep(0.1)
+    return walls

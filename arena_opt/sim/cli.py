@@ -1,0 +1,172 @@
+"""Subcommands `simulate`, `bench` and `gen-trace` (registered into `arena-opt` by `register`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from arena_opt.errors import InputError
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True, help="Arena trace CSV or our JSON Lines trace")
+    p.add_argument("--cluster", required=True,
+                   help="cluster spec JSON (ours, a job-free snapshot, or Arena's cluster_spec_derived.json) "
+                        "or inline TYPE:NODESxGPUS,...")
+    p.add_argument("--perf-table", help="measured table (prof_records.csv layout) used as the truth; "
+                                        "default: the analytical model")
+    p.add_argument("--table-mode", default="strict", choices=["strict", "override"],
+                   help="strict: grids missing from the table are infeasible (Arena's simulator); "
+                        "override: the model fills them in")
+    p.add_argument("--rounds", type=int, help="stop after N scheduling intervals (default: until all jobs finish)")
+    p.add_argument("--interval", type=float, default=300.0, help="scheduling interval, s (default 300)")
+    p.add_argument("--reconfig", default="checkpoint",
+                   choices=["checkpoint", "arena-artifact", "baseline-artifact", "artifact"],
+                   help="restart cost model; artifact = Arena's constants (10 s/GPU cap 40 s for arena and "
+                        "arena-greedy, 150 s/GPU cap 600 s for the baselines)")
+    p.add_argument("--iter-scale", type=int, default=1, help="divide iteration counts by this (Arena: 5)")
+    p.add_argument("--deadline-stretch", type=float, default=1.0, help="multiply deadline budgets (Arena: 5)")
+    p.add_argument("--arena-scaling", action="store_true",
+                   help="Arena's simulator scaling: --iter-scale 5 --deadline-stretch 5")
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="perturb the estimate the policy sees by up to +-this fraction (e.g. 0.2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the estimate noise")
+    p.add_argument("--replan", default="auto", choices=["auto", "events", "every-tick"],
+                   help="call the policy only after arrivals/completions (events), at every tick, or as the "
+                        "policy asks (auto)")
+    p.add_argument("--replan-on-ready", action="store_true", help="also re-plan when a reconfiguration ends")
+    p.add_argument("--limit-jobs", type=int, help="only the first N jobs of the trace")
+
+
+def _config(args, policy: str):
+    from pydantic import ValidationError
+
+    from arena_opt.sim.config import RunConfig
+
+    iter_scale, stretch = (5, 5.0) if args.arena_scaling else (args.iter_scale, args.deadline_stretch)
+    try:
+        return RunConfig(trace=args.trace, cluster=args.cluster, policy=policy, perf_table=args.perf_table,
+                         table_mode=args.table_mode, rounds=args.rounds, interval_s=args.interval,
+                         reconfig=args.reconfig, iter_scale=iter_scale, deadline_stretch=stretch, noise=args.noise,
+                         seed=args.seed, replan=args.replan, replan_on_ready=args.replan_on_ready,
+                         limit_jobs=args.limit_jobs)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise InputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']} (value {err.get('input')!r})") \
+            from None
+
+
+def cmd_simulate(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from arena_opt.sim.config import check_policy, run_config
+    from arena_opt.sim.results import write_result
+
+    check_policy(args.policy)
+    cfg = _config(args, args.policy)
+    if args.noise and not 0 <= args.noise < 1:
+        raise InputError(f"--noise must be in [0, 1), got {args.noise}")
+    from arena_opt.sim.engine import SimulationError
+
+    with Progress(TextColumn(args.policy), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=args.quiet) as prog:
+        task = prog.add_task("jobs", total=None)
+        try:
+            out = run_config(cfg, lambda t, done, total: prog.update(task, completed=done, total=total))
+        except SimulationError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    path = Path(args.output_dir) / f"{args.policy}.json"
+    write_result(path, out)
+    _summary(Console(), [out])
+    print(f"results written to {path}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from rich.console import Console
+
+    from arena_opt.sim.bench import parse_policies, run_bench
+
+    policies = parse_policies(args.policies)
+    base = _config(args, policies[0])
+    results, info = run_bench(base, policies, args.output_dir, parallel=args.parallel, show_progress=not args.quiet,
+                              timeout_s=args.timeout)
+    con = Console()
+    if results:
+        _summary(con, results)
+    for p, why in info["failed"].items():
+        con.print(f"[red]{p} failed:[/red] {why}")
+    out = Path(args.output_dir)
+    print(f"planner warm-up {info['plan_warmup_s']:.1f} s; results in {out}/ (one JSON per policy, results.md, "
+          f"{len(info.get('plots', []))} plots)")
+    return 1 if info["failed"] else 0
+
+
+def _summary(con, results: list[dict]) -> None:
+    from rich.table import Table
+
+    from arena_opt.sim.results import COLUMNS
+
+    keep = ["policy", "finished", "avg JCT (s)", "p95 JCT (s)", "avg queue (s)", "avg thr (samples/s)",
+            "avg thr, rounds > 100 (samples/s)", "GPU util", "reconfigs/job", "deadlines met", "sim wall (s)"]
+    tab = Table()
+    cols = [c for c in COLUMNS if c[0] in keep]
+    for c in cols:
+        tab.add_column(c[0], justify="left" if c[0] == "policy" else "right")
+    for m in results:
+        tab.add_row(*[c[2](m) for c in cols])
+    con.print(tab)
+
+
+def cmd_gen_trace(args) -> int:
+    from arena_opt.sim.cluster import describe, load_cluster
+    from arena_opt.sim.gen import DEFAULT_MODELS, GenOptions, generate
+    from arena_opt.sim.trace import write_trace
+
+    if not 0 < args.load:
+        raise InputError(f"--load must be > 0, got {args.load}")
+    if args.jobs < 1:
+        raise InputError(f"--jobs must be >= 1, got {args.jobs}")
+    cluster = load_cluster(args.cluster)
+    models = tuple(m.strip() for m in args.models.split(",")) if args.models else DEFAULT_MODELS
+    opts = GenOptions(jobs=args.jobs, seed=args.seed, load=args.load, models=models,
+                      duration_median_s=args.duration_median, deadlines=not args.no_deadlines)
+    jobs = generate(cluster, opts)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    write_trace(args.output, jobs)
+    span = jobs[-1].submit_time - jobs[0].submit_time
+    print(f"wrote {args.output}: {len(jobs)} jobs over {span / 3600:.1f} h for {describe(cluster)}")
+    return 0
+
+
+def register(sub) -> None:
+    s = sub.add_parser("simulate", help="replay a trace on a simulated cluster with one policy")
+    _run_args(s)
+    s.add_argument("--policy", default="arena", help="arena (default), arena-greedy, fcfs, gavel, sia, elasticflow")
+    s.add_argument("-o", "--output-dir", default="results/sim", help="write <policy>.json here")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_simulate)
+
+    b = sub.add_parser("bench", help="run several policies on the same trace and compare them")
+    _run_args(b)
+    b.add_argument("--policies", default="all", help="comma-separated names or 'all' (default)")
+    b.add_argument("-o", "--output-dir", default="results/bench",
+                   help="one JSON per policy, results.md and PNG plots go here")
+    b.add_argument("--parallel", type=int, default=1, help="policies run at once (default 1)")
+    b.add_argument("--timeout", type=float, help="give up on a policy after this many seconds")
+    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    b.set_defaults(func=cmd_bench)
+
+    g = sub.add_parser("gen-trace", help="write a synthetic trace with Philly-like arrivals and sizes")
+    g.add_argument("--cluster", required=True, help="cluster spec the jobs are sized for")
+    g.add_argument("-o", "--output", required=True, help="JSON Lines file to write")
+    g.add_argument("--jobs", type=int, default=200)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--load", type=float, default=0.8, help="offered load as a fraction of the GPUs (default 0.8)")
+    g.add_argument("--duration-median", type=float, default=3600.0, help="median job run time, s (default 3600)")
+    g.add_argument("--models", help="comma-separated catalog models (default: a mix of GPT, BERT, MoE, WideResNet)")
+    g.add_argument("--no-deadlines", action="store_true")
+    g.set_defaults(func=cmd_gen_trace)

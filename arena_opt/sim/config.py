@@ -1,0 +1,84 @@
+"""One simulation's inputs as a validated record: what `simulate` and every `bench` worker run."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+from arena_opt.errors import InputError
+from arena_opt.sim.cluster import load_cluster
+from arena_opt.sim.engine import SimOptions
+from arena_opt.sim.results import result_dict
+from arena_opt.sim.run import make_estimators, simulate
+from arena_opt.sim.trace import load_trace
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trace: str
+    cluster: str
+    policy: str = "arena"
+    perf_table: str | None = Field(None, description="measured table; None = the analytical model is the truth")
+    table_mode: Literal["strict", "override"] = "strict"
+    rounds: PositiveInt | None = None
+    interval_s: PositiveFloat = 300.0
+    reconfig: str = "checkpoint"
+    iter_scale: PositiveInt = 1
+    deadline_stretch: PositiveFloat = 1.0
+    noise: NonNegativeFloat = 0.0
+    seed: int = 0
+    replan: Literal["auto", "events", "every-tick"] = "auto"
+    replan_on_ready: bool = False
+    limit_jobs: PositiveInt | None = None
+    plan_cache: str | None = Field(None, description="pickled planner cache to start from (bench warms it once)")
+
+
+def load_inputs(cfg: RunConfig):
+    cluster = load_cluster(cfg.cluster)
+    trace = load_trace(cfg.trace, iter_scale=cfg.iter_scale, deadline_stretch=cfg.deadline_stretch,
+                       catalog=cluster.catalog, limit=cfg.limit_jobs)
+    truth, estimate = make_estimators(cfg.perf_table, cfg.noise, cfg.seed, cfg.table_mode)
+    if cfg.plan_cache:
+        with open(cfg.plan_cache, "rb") as f:
+            truth.planner._cache.update(pickle.load(f))
+    return trace, cluster, truth, estimate
+
+
+def run_config(cfg: RunConfig, progress=None) -> dict:
+    t0 = time.perf_counter()
+    trace, cluster, truth, estimate = load_inputs(cfg)
+    opts = SimOptions(interval_s=cfg.interval_s, rounds=cfg.rounds, replan=cfg.replan,
+                      replan_on_ready=cfg.replan_on_ready)
+    res = simulate(trace, cluster, cfg.policy, reconfig=cfg.reconfig, options=opts, truth=truth, estimate=estimate,
+                   progress=progress)
+    out = result_dict(res, cfg.model_dump())
+    out["total_wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def warm_plan_cache(cfg: RunConfig, path: str | Path) -> float:
+    """Plan every grid of every workload in the trace once and pickle the planner's cache, so that
+    policies run in separate processes do not each pay the cold planner. Returns seconds spent."""
+    from arena_opt.policies.common import GridCache
+
+    t0 = time.perf_counter()
+    trace, cluster, truth, _ = load_inputs(cfg)
+    cache = GridCache(truth)
+    cache.bind(cluster)
+    for tj in trace:
+        cache.options(tj.to_job())
+    with open(path, "wb") as f:
+        pickle.dump(truth.planner._cache, f)
+    return time.perf_counter() - t0
+
+
+def check_policy(name: str) -> None:
+    from arena_opt.policies import REGISTRY
+
+    if name not in REGISTRY:
+        raise InputError(f"unknown policy {name!r}; known: {', '.join(REGISTRY)}")

@@ -1,0 +1,212 @@
+"""`arena-opt run`: make decisions real.
+
+    arena-opt run --backend dry-run --snapshot SNAPSHOT.json       # decide once, print torchrun commands
+    arena-opt run --trace TRACE --cluster SPEC --backend local      # live loop on this host
+    arena-opt run --trace TRACE --cluster SPEC --backend agents --agents n0=HOST:PORT,n1=HOST:PORT
+
+The lead's `arena_opt.cli` calls `register(subparsers)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from arena_opt.errors import InputError
+
+
+def register(subparsers) -> None:
+    r = subparsers.add_parser("run", help="apply decisions to torchrun jobs (local, dry-run or node agents)",
+                              description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
+    r.add_argument("--backend", choices=["local", "dry-run", "agents"], default="local")
+    r.add_argument("--snapshot", help="cluster snapshot JSON: dry-run decides on it once; live backends run its jobs")
+    r.add_argument("--trace", help="job trace (Arena CSV or JSON Lines) for the live loop")
+    r.add_argument("--cluster", help="cluster spec for the live loop (TYPE:NODESxGPUS,... or JSON)")
+    r.add_argument("--policy", default="arena", help="policy name (default arena)")
+    r.add_argument("--workdir", default="arena-runs", help="job run/checkpoint directories (shared by all nodes)")
+    r.add_argument("--out", default="results/live", help="metrics, decisions and timeline of the live loop")
+    r.add_argument("--interval", type=float, default=15.0, help="scheduling interval, wall seconds (default 15)")
+    r.add_argument("--time-scale", type=float, default=100.0, help="trace seconds per wall second (default 100)")
+    r.add_argument("--iter-scale", type=int, default=10, help="divide trace iterations by this (default 10)")
+    r.add_argument("--batch-divisor", type=int, default=8, help="divide trace batch sizes by this (default 8)")
+    r.add_argument("--max-jobs", type=int, help="first N jobs of the trace")
+    r.add_argument("--duration", type=float, help="stop the live loop after this many wall seconds")
+    r.add_argument("--model-size", choices=["full", "scaled"],
+                   help="catalog-size or scaled-down models (default: full for dry-run and on CUDA hosts, "
+                        "scaled on CPU)")
+    r.add_argument("--ckpt-interval", type=int, default=5, help="steps between checkpoints (0 = only on stop)")
+    r.add_argument("--max-failures", type=int, default=3, help="crashes in a row before a job is marked failed")
+    r.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    r.add_argument("--remove-node", action="append", default=[], metavar="NODE@SECONDS",
+                   help="node leaves the cluster at that wall second (fault drill; repeatable)")
+    r.add_argument("--agents", help="agents backend: NODE=HOST:PORT,... (one agent per node)")
+    r.add_argument("--node-addr", help="dry-run: NODE=HOST,... rendezvous host of each node (default: the node id)")
+    r.add_argument("--time-limit", type=float, default=10.0, help="arena policy: solver time limit, s")
+    r.add_argument("--restart-s", type=float, default=20.0,
+                   help="live: seconds a (re)start costs, for the policy's penalty (default 20, measured on "
+                        "2 CPU cores by bench/runners.py)")
+    r.set_defaults(func=cmd_run)
+
+
+def _pairs(text: str | None, opt: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise InputError(f"{opt}: cannot read {part!r}; expected NODE=VALUE")
+        k, v = part.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _policy(name: str, time_limit: float, live: tuple[float, float, bool] | None = None):
+    """`live`: (scheduling interval, measured restart seconds, models scaled) of a live run; the policy's
+    horizon and restart penalty then follow the run instead of a GPU cluster's defaults."""
+    from arena_opt.policies import get_policy
+
+    kw: dict = {}
+    if name == "arena":
+        from arena_opt.milp.options import ArenaOptions
+        from arena_opt.reconfig import ReconfigModel
+
+        opts: dict = {"time_limit_s": time_limit, "threads": 1}
+        if live is not None:
+            interval, restart, scaled = live
+            # a scaled model's checkpoint is a few MB: only the process restart costs time
+            opts["horizon_s"] = interval
+            opts["reconfig"] = ReconfigModel(restart_s=restart, **({"storage_gbs_per_gpu": 1e3} if scaled else {}))
+        kw["options"] = ArenaOptions(**opts)
+    try:
+        return get_policy(name, **kw)
+    except KeyError as e:
+        raise InputError(f"--policy: {e.args[0]}") from None
+
+
+def _live_scale(model_size: str | None):
+    from runners.spec import Scale
+
+    if model_size is None:
+        import torch
+
+        model_size = "full" if torch.cuda.is_available() else "scaled"
+    return None if model_size == "full" else Scale()
+
+
+def cmd_run(args) -> int:
+    from arena_opt.io import load_model
+    from arena_opt.snapshot import ClusterSnapshot
+
+    for opt, v in (("--interval", args.interval), ("--time-scale", args.time_scale)):
+        if v <= 0:
+            raise InputError(f"{opt} must be > 0, got {v}")
+    for opt, v in (("--iter-scale", args.iter_scale), ("--batch-divisor", args.batch_divisor)):
+        if v < 1:
+            raise InputError(f"{opt} must be >= 1, got {v}")
+    snap = load_model(args.snapshot, ClusterSnapshot) if args.snapshot else None
+    if args.backend == "dry-run":
+        if snap is None:
+            raise InputError("--backend dry-run needs --snapshot SNAPSHOT.json")
+        return _dry_run(args, snap)
+    if snap is None and not (args.trace and args.cluster):
+        raise InputError("a live run needs --trace and --cluster (or --snapshot)")
+    return _live(args, snap)
+
+
+def _dry_run(args, snap) -> int:
+    from arena_opt.feasibility import check_decision
+    from runners.dry_run import DryRunRunner, jobs_from_snapshot
+    from runners.spec import Scale
+
+    runner = DryRunRunner(args.workdir, node_addrs=_pairs(args.node_addr, "--node-addr"),
+                          ckpt_interval=args.ckpt_interval, device=args.device)
+    for spec, running in jobs_from_snapshot(snap, Scale() if args.model_size == "scaled" else None):
+        runner.add_job(spec, running)
+    decision = _policy(args.policy, args.time_limit).decide(snap)
+    check_decision(snap, decision)
+    runner.apply(decision)
+    return 0
+
+
+def _live(args, snap) -> int:
+    from arena_opt.sim.cluster import load_cluster
+    from arena_opt.sim.trace import TraceJob, load_trace
+    from runners.live import LiveLoop, LiveOptions
+
+    cluster = load_cluster(args.cluster) if args.cluster else snap.model_copy(update={"jobs": []})
+    trace: list = []
+    if args.trace:
+        trace = load_trace(args.trace, catalog=cluster.catalog)
+    if snap is not None:
+        trace += [TraceJob(id=j.id, submit_time=j.submit_time, model=j.model if isinstance(j.model, str)
+                           else j.model.name, batch_size=j.batch_size, iterations=j.total_iterations,
+                           num_gpus=j.requested_num_gpus, gpu_type=j.requested_gpu_type, deadline=j.deadline,
+                           weight=j.weight) for j in snap.jobs]
+    removals = []
+    for item in args.remove_node:
+        node, _, at = item.partition("@")
+        try:
+            removals.append((node, float(at)))
+        except ValueError:
+            raise InputError(f"--remove-node: cannot read {item!r}; expected NODE@SECONDS") from None
+        if node not in {n.id for n in cluster.nodes}:
+            raise InputError(f"--remove-node: unknown node {node!r}; nodes: {', '.join(n.id for n in cluster.nodes)}")
+    opts = LiveOptions(interval_s=args.interval, time_scale=args.time_scale, iter_scale=args.iter_scale,
+                       batch_divisor=args.batch_divisor, max_jobs=args.max_jobs, duration_s=args.duration,
+                       scale=_live_scale(args.model_size), node_removals=removals)
+    kw = dict(device=args.device, ckpt_interval=args.ckpt_interval, max_failures=args.max_failures)
+    if args.backend == "agents":
+        from runners.agent import AgentRunner
+
+        agents = _pairs(args.agents, "--agents")
+        if not agents:
+            raise InputError("--backend agents needs --agents NODE=HOST:PORT,...")
+        unknown = set(agents) - {n.id for n in cluster.nodes}
+        if unknown:
+            raise InputError(f"--agents: node(s) {sorted(unknown)} are not in the cluster")
+        runner = AgentRunner(Path(args.workdir).resolve(), agents, **kw)
+    else:
+        from runners.local import LocalRunner
+
+        runner = LocalRunner(Path(args.workdir).resolve(), **kw)
+    policy = _policy(args.policy, args.time_limit, (args.interval, args.restart_s, opts.scale is not None))
+    loop = LiveLoop(cluster, trace, runner, policy, opts, args.out,
+                    log=lambda s: print(s, flush=True))
+
+    def _term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # the loop's finally stops every job
+
+    old = signal.signal(signal.SIGTERM, _term)
+    try:
+        res = loop.run()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    m = res.metrics
+    print(json.dumps({k: m[k] for k in ("jobs", "finished", "failed", "unfinished", "avg_jct_s", "makespan_s",
+                                        "avg_throughput", "gpu_util", "deadline_satisfaction") if k in m}, indent=1))
+    print(f"metrics written to {Path(args.out) / 'metrics.json'}")
+    return 0 if not m.get("failed") else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (`python -m runners.cli run ...`) while the lead's CLI wires `register`."""
+    ap = argparse.ArgumentParser(prog="arena-opt")
+    sub = ap.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = ap.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

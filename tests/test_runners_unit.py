@@ -1,0 +1,196 @@
+"""Runner pieces that need no training process: dry-run commands (multi-node),
+the `run` command's input errors, progress files, specs, stage splits and
+decision checks."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from arena_opt.decision import Decision, JobDecision
+from arena_opt.plan import Plan
+from models.catalog import get_arch
+from models.layers import layer_table
+from models.torch_layers import scaled_arch
+from runners.base import JobSpec, RunnerError
+from runners.dry_run import DryRunRunner
+from runners.local import LocalRunner
+from runners.progress import ProgressReader, ProgressWriter, request_stop, stop_requested
+from runners.spec import SpecError, TrainSpec, parse_spec
+from runners.stages import PlanError, check_plan, default_stages, scale_plan
+from runners.train import parse_args
+
+
+def _commands(text: str) -> list[tuple[dict[str, str], list[str]]]:
+    """(environment, argv) of every torchrun line printed."""
+    out = []
+    for line in text.splitlines():
+        if "runners.train" not in line or line.startswith("#"):
+            continue
+        words = shlex.split(line)
+        env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-") and w.split("=")[0].isupper())
+        argv = [w for w in words if w not in {f"{k}={v}" for k, v in env.items()}]
+        out.append((env, argv))
+    return out
+
+
+def _opt(argv: list[str], name: str) -> str:
+    return next(a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}="))
+
+
+def test_dry_run_prints_each_nodes_torchrun_for_a_multi_node_decision(tmp_path):
+    out = io.StringIO()
+    r = DryRunRunner(tmp_path / "runs", out=out, node_addrs={"gpu-a": "10.0.0.7"}, base_port=29600)
+    r.add_job(JobSpec(job_id="big", model="llama-7B", global_batch=64, total_steps=100, scale=None))
+    plan = Plan(pp=2, dp=2, tp=2, num_microbatches=8, stages=[(0, 17), (17, 34)])
+    placement = {"gpu-a": [0, 1, 2, 3], "gpu-b": [4, 5, 6, 7]}
+    r.apply(Decision(policy="t", jobs=[JobDecision(job_id="big", action="start", gpu_type="h100-80gb", num_gpus=8,
+                                                   placement=placement, plan=plan)]))
+    cmds = _commands(out.getvalue())
+    assert len(cmds) == 2
+    for rank, ((env, argv), (node, gpus)) in enumerate(zip(cmds, placement.items())):
+        assert argv[0].endswith("torchrun")
+        assert _opt(argv, "nnodes") == "2" and _opt(argv, "node-rank") == str(rank)
+        assert _opt(argv, "nproc-per-node") == "4"
+        assert _opt(argv, "rdzv-backend") == "c10d"
+        assert _opt(argv, "rdzv-endpoint") == "10.0.0.7:29600"  # the first node's address
+        assert _opt(argv, "rdzv-id") == "big-g0"
+        assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpus))
+        assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+        assert argv[argv.index("-m") + 1] == "runners.train"
+        spec = parse_spec(json.loads(argv[argv.index("--spec-json") + 1]), "printed spec")
+        assert spec.plan == plan and spec.scale is None and spec.world_size == 8
+        assert spec.run_dir == str((tmp_path / "runs" / "jobs" / "big" / "run").resolve())
+    # reshape: a stop request for the running launch, then the new launch as generation 1
+    out.seek(0)
+    out.truncate()
+    small = Plan(dp=4, num_microbatches=2)
+    r.apply(Decision(policy="t", jobs=[JobDecision(job_id="big", action="reshape", gpu_type="h100-80gb",
+                                                   num_gpus=4, placement={"gpu-b": [4, 5, 6, 7]}, plan=small)]))
+    text = out.getvalue()
+    assert "touch " in text and "control/stop" in text
+    (env, argv), = _commands(text)
+    assert _opt(argv, "nnodes") == "1" and _opt(argv, "rdzv-id") == "big-g1"
+    assert _opt(argv, "rdzv-endpoint") == "gpu-b:29600"  # no address given: the node id
+    # preempt: only the stop request
+    out.seek(0)
+    out.truncate()
+    r.apply(Decision(policy="t", jobs=[JobDecision(job_id="big", action="preempt", reason="higher-value jobs")]))
+    assert not _commands(out.getvalue()) and "control/stop" in out.getvalue()
+    assert r.status()[0].state == "stopped"
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    code = "import sys; from runners.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, "run", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_dry_run_on_a_snapshot(tmp_path):
+    snap = {"nodes": [{"id": "a", "gpu_type": "a100", "num_gpus": 4}, {"id": "b", "gpu_type": "a100", "num_gpus": 4}],
+            "jobs": [{"id": "j1", "model": "gpt-1.3B", "batch_size": 64, "total_iterations": 500,
+                      "remaining_iterations": 500}]}
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps(snap))
+    p = _run_cli("--backend", "dry-run", "--snapshot", str(path), "--workdir", str(tmp_path / "w"))
+    assert p.returncode == 0, p.stderr
+    cmds = _commands(p.stdout)
+    assert cmds, p.stdout
+    argv = cmds[0][1]
+    spec = parse_spec(json.loads(argv[argv.index("--spec-json") + 1]), "printed")
+    assert spec.model == "gpt-1.3B" and spec.global_batch == 64 and spec.total_steps == 500
+    assert sum(int(_opt(a, "nproc-per-node")) for _, a in cmds) == spec.world_size
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--backend", "dry-run"], "needs --snapshot"),
+    (["--backend", "dry-run", "--snapshot", "/nonexistent.json"], "/nonexistent.json: file not found"),
+    (["--trace", "t.csv"], "needs --trace and --cluster"),
+    (["--trace", "t.csv", "--cluster", "a10:1x2", "--remove-node", "x@3"], "unknown node 'x'"),
+    (["--trace", "t.csv", "--cluster", "a10:1x2", "--interval", "0"], "--interval must be > 0"),
+])
+def test_cli_user_mistakes_exit_2_without_traceback(tmp_path, args, message):
+    (tmp_path / "t.csv").write_text("job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,"
+                                    "gpu_type\nj,0,10,gpt__350M,100,8,1,a10\n")
+    p = subprocess.run([sys.executable, "-c", "import sys; from runners.cli import main; sys.exit(main(sys.argv[1:]))",
+                        "run", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 2
+    assert message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_progress_reader_is_incremental_and_ignores_partial_lines(tmp_path):
+    w = ProgressWriter(tmp_path, generation=3)
+    r = ProgressReader(tmp_path)
+    assert r.poll().step == 0 and not r.state.started
+    w.emit("start", step=0, world_size=2, plan={"dp": 2})
+    w.emit("step", step=1, loss=2.5, iter_time_s=0.1, samples_per_s=80.0, peak_mem_bytes=10)
+    with open(tmp_path / "progress.jsonl", "a") as f:
+        f.write('{"event": "step", "step": 2')  # a writer caught mid-record
+    s = r.poll()
+    assert s.started and s.generation == 3 and s.step == 1 and s.losses == {1: 2.5} and s.world_size == 2
+    with open(tmp_path / "progress.jsonl", "a") as f:
+        f.write(', "loss": 2.0, "iter_time_s": 0.2, "peak_mem_bytes": 30, "generation": 3}\n')
+    w.emit("checkpoint", step=2, path="x", save_s=0.1)
+    w.emit("exit", reason="stopped", step=2)
+    s = r.poll()
+    assert s.step == 2 and s.losses == {1: 2.5, 2: 2.0} and s.peak_mem_bytes == 30
+    assert s.last_checkpoint_step == 2 and s.exit_reason == "stopped" and s.iter_times == [0.1, 0.2]
+    assert not stop_requested(tmp_path)
+    request_stop(tmp_path)
+    assert stop_requested(tmp_path)
+
+
+def test_spec_errors_name_field_and_value(tmp_path):
+    base = {"job_id": "j", "model": "gpt-350M", "plan": {"dp": 3}, "global_batch": 8, "total_steps": 2,
+            "run_dir": "r", "ckpt_dir": "c"}
+    with pytest.raises(SpecError, match=r"not divisible by dp x num_microbatches = 3 x 1"):
+        parse_spec(base, "spec.json")
+    with pytest.raises(SpecError, match=r"spec.json: model.*unknown model 'gpt-9T'"):
+        parse_spec({**base, "plan": {}, "model": "gpt-9T"}, "spec.json")
+    bad = tmp_path / "s.json"
+    bad.write_text("{not json")
+    with pytest.raises(SpecError, match="s.json: not JSON"):
+        parse_args(["--spec", str(bad)])
+    ok = parse_args(["--spec-json", json.dumps({**base, "plan": {"dp": 2}, "model": "bert__760M"})])
+    assert isinstance(ok, TrainSpec) and ok.model == "bert-760M"
+
+
+def test_stage_splits():
+    arch = scaled_arch(get_arch("gpt-1.3B"))
+    n = layer_table(arch).num_layers
+    for pp in range(1, n + 1):
+        st = default_stages(arch, pp)
+        assert st[0][0] == 0 and st[-1][1] == n and all(b > a for a, b in st)
+        assert all(st[k][1] == st[k + 1][0] for k in range(pp - 1))
+    with pytest.raises(PlanError, match="exceeds"):
+        default_stages(arch, n + 1)
+    full = get_arch("gpt-1.3B")  # 26 layers -> 6
+    p = scale_plan(Plan(pp=3, stages=[(0, 2), (2, 24), (24, 26)]), full, arch)
+    assert p.stages == [(0, 1), (1, 5), (5, 6)]
+    with pytest.raises(PlanError, match="tp = 3 does not divide"):
+        check_plan(arch, Plan(tp=3))
+    with pytest.raises(PlanError, match="convolution"):
+        check_plan(scaled_arch(get_arch("wide_resnet-1B")), Plan(tp=2))
+    with pytest.raises(PlanError, match="must end at layer 6"):
+        check_plan(arch, Plan(pp=2, stages=[(0, 2), (2, 5)]))
+
+
+def test_decisions_the_runner_cannot_apply(tmp_path):
+    r = LocalRunner(tmp_path)
+    r.add_job(JobSpec(job_id="a", model="gpt-350M", global_batch=8, total_steps=3))
+    with pytest.raises(RunnerError, match="already added"):
+        r.add_job(JobSpec(job_id="a", model="gpt-350M", global_batch=8, total_steps=3))
+    with pytest.raises(RunnerError, match="does not know"):
+        r.apply(Decision(policy="t", jobs=[JobDecision(job_id="zz", action="wait")]))
+    with pytest.raises(RunnerError, match="placement holds 1 GPUs, plan pp1xdp2xtp1 mb1 needs 2"):
+        r.apply(Decision(policy="t", jobs=[JobDecision(job_id="a", action="start", gpu_type="x", num_gpus=1,
+                                                       placement={"n": [0]}, plan=Plan(dp=2))]))
+    # a plan whose split does not divide the batch is refused before anything starts
+    r.apply(Decision(policy="t", jobs=[JobDecision(job_id="a", action="start", gpu_type="x", num_gpus=3,
+                                                   placement={"n": [0, 1, 2]}, plan=Plan(dp=3))]))
+    st = r.status()[0]
+    assert st.state == "pending" and "not divisible" in st.message and r.jobs["a"].handle is None
