@@ -36,12 +36,35 @@ def _parse_cluster(text: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+def plan_cache_path() -> Path | None:
+    """Plans are cached across runs: $ARENA_OPT_CACHE (a file; empty = off), else ~/.cache/arena-opt/plans.json."""
+    import os
+
+    env = os.environ.get("ARENA_OPT_CACHE")
+    if env is not None:
+        return Path(env) if env else None
+    return Path.home() / ".cache" / "arena-opt" / "plans.json"
+
+
 def _estimator(args):
     from arena_opt.perf.estimator import PerfEstimator
     from arena_opt.perf.table import PerfTable
 
     table = PerfTable.load(args.perf_table) if getattr(args, "perf_table", None) else None
-    return PerfEstimator(table=table, table_mode=getattr(args, "table_mode", "override"))
+    est = PerfEstimator(table=table, table_mode=getattr(args, "table_mode", "override"))
+    path = plan_cache_path()
+    if path is not None:
+        est.planner.load_cache(path)
+    return est
+
+
+def _save_plans(est) -> None:
+    path = plan_cache_path()
+    if path is not None:
+        try:
+            est.planner.save_cache(path)
+        except OSError:
+            pass  # a read-only home only costs the next run its warm start
 
 
 def cmd_solve(args) -> int:
@@ -52,7 +75,8 @@ def cmd_solve(args) -> int:
     from arena_opt.snapshot import ClusterSnapshot
 
     snap = load_model(args.snapshot, ClusterSnapshot)
-    kw = {"estimator": _estimator(args)}
+    est = _estimator(args)
+    kw = {"estimator": est}
     if args.policy == "arena":
         from arena_opt.milp.options import ArenaOptions
 
@@ -61,6 +85,7 @@ def cmd_solve(args) -> int:
             opts["max_reconfigs_per_round"] = args.max_reconfigs
         kw["options"] = ArenaOptions(**opts)
     decision = get_policy(args.policy, **kw).decide(snap)
+    _save_plans(est)
     check_decision(snap, decision)
     if args.output:
         write_model(decision, args.output)
@@ -98,6 +123,7 @@ def cmd_plan(args) -> int:
         plans = est.grid(arch, args.batch, BUILTIN_GPUS[gpu], None, GridShape(gpu, nodes, per, pp))
         rows.append((pp, plans))
         pp *= 2
+    _save_plans(est)
     print_plans(arch, args.batch, gpu, nodes, per, rows)
     return 0
 

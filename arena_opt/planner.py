@@ -62,10 +62,58 @@ def microbatch_counts(per_replica_batch: int, pp: int) -> list[int]:
     return out
 
 
+def _code_version() -> str:
+    """Hash of the sources a plan depends on: a cached plan from other code is never reused."""
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    files = [here / "planner.py", here / "perf" / "analytical.py", here / "perf" / "compose.py",
+             here.parent / "models" / "layers.py", here.parent / "models" / "catalog.py"]
+    h = hashlib.sha1()
+    for f in files:
+        h.update(f.read_bytes() if f.is_file() else b"")
+    return h.hexdigest()[:16]
+
+
 class Planner:
     def __init__(self, params: CostParams | None = None):
         self.params = params or CostParams()
         self._cache: dict[tuple, GridPlans] = {}
+        self._disk: dict[str, list] = {}
+        self._disk_dirty = False
+
+    # --- on-disk cache: plans are deterministic in (code, params, model, batch, GPU, shape) --------------------
+    def _disk_key(self, arch: Arch, batch, gpu: GpuSpec, intra_link, nodes, gpus_per_node, pp) -> str:
+        return "|".join([arch.model_dump_json(), str(batch), gpu.model_dump_json(), str(intra_link), str(nodes),
+                         str(gpus_per_node), str(pp)])
+
+    def load_cache(self, path) -> None:
+        import json
+        from pathlib import Path
+
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return  # a missing or damaged cache is only a slower start
+        if data.get("version") == _code_version() and data.get("params") == self.params.model_dump_json():
+            self._disk = data.get("plans", {})
+
+    def save_cache(self, path) -> None:
+        import json
+        import os
+        from pathlib import Path
+
+        if not self._disk_dirty:
+            return
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"version": _code_version(), "params": self.params.model_dump_json(),
+                                   "plans": self._disk}))
+        tmp.replace(path)
+        self._disk_dirty = False
 
     def mem_cap_bytes(self, gpu: GpuSpec) -> float:
         return (gpu.memory_gib - self.params.mem_reserve_gib) * GIB
@@ -75,7 +123,16 @@ class Planner:
         key = (arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = self._plan(arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp)
+            dkey = self._disk_key(arch, batch, gpu, intra_link, nodes, gpus_per_node, pp) + "|" + gpu_name
+            stored = self._disk.get(dkey)
+            if stored is not None:
+                pareto = [PlanResult(Plan.model_validate(p), t, mem, batch) for p, t, mem in stored]
+                hit = GridPlans(pareto[0] if pareto else None, pareto)
+            else:
+                hit = self._plan(arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp)
+                self._disk[dkey] = [(r.plan.model_dump(), r.iter_time_s, r.mem_gib) for r in hit.pareto]
+                self._disk_dirty = True
+            self._cache[key] = hit
         return hit
 
     def _plan(self, arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp) -> GridPlans:

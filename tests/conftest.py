@@ -1,4 +1,9 @@
+import os
+
 import pytest
+
+# hermetic: no plan cache from the user's home, for this process and the CLIs it starts
+os.environ["ARENA_OPT_CACHE"] = ""
 
 from arena_opt.perf.table import default_data_dir
 

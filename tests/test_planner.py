@@ -93,3 +93,20 @@ def test_too_big_model_has_no_plan():
     planner = Planner()
     res = planner.plan(get_arch("llama-70B"), 1024, "a10", BUILTIN_GPUS["a10"], None, 1, 1, 1)
     assert res.proxy is None and res.pareto == []
+
+
+def test_plan_cache_round_trip(tmp_path):
+    spec = BUILTIN_GPUS["a40"]
+    a = Planner()
+    fresh = a.plan(get_arch("bert-1.3B"), 128, "a40", spec, None, 1, 2, 2)
+    a.save_cache(tmp_path / "plans.json")
+    b = Planner()
+    b.load_cache(tmp_path / "plans.json")
+    again = b.plan(get_arch("bert-1.3B"), 128, "a40", spec, None, 1, 2, 2)
+    assert again == fresh
+    # other cost parameters never reuse the cached plans
+    from arena_opt.perf.analytical import CostParams
+
+    c = Planner(CostParams(default_compute_eff=0.1))
+    c.load_cache(tmp_path / "plans.json")
+    assert c._disk == {}

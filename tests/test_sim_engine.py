@@ -53,8 +53,9 @@ def test_fcfs_completion_times_exact(truth, node4):
     m = compute(res)
     assert m["finished"] == 3 and m["avg_jct_s"] == pytest.approx((1030 + 1370 + 1510) / 3, rel=1e-12)
     assert m["avg_queue_s"] == pytest.approx((0 + 1190 + 1180) / 3)
-    # the policy ran at t=0, at t=300 (B and C arrived) and at t=1200 (A finished): no empty rounds
-    assert [d["t"] for d in res.decisions] == [0, 300, 1200]
+    # the policy ran at t=0, 300 (B and C arrived), 1200 (A finished at 1030), 1500 (B at 1380) and
+    # 1800 (C at 1530): never in a round where nothing happened
+    assert [d["t"] for d in res.decisions] == [0, 300, 1200, 1500, 1800]
 
 
 class Scripted(GridPolicy):

@@ -1,0 +1,73 @@
+"""Shared pieces of the estimator benches: machine description, error statistics, report writing."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def machine() -> dict:
+    info = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            models = {ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")}
+        if models:
+            info["cpu_model"] = ", ".join(sorted(models))
+    except OSError:
+        pass
+    try:
+        import torch  # noqa: PLC0415 - optional, only for the torch version in reports
+
+        info["torch"] = torch.__version__
+        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    return info
+
+
+def command() -> str:
+    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+
+
+def git_rev() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def err_stats(rel: list[float] | np.ndarray) -> dict:
+    """|relative error| statistics of a list of signed relative errors (pred / meas - 1)."""
+    a = np.asarray(rel, dtype=float)
+    if a.size == 0:
+        return {"n": 0}
+    ab = np.abs(a)
+    return {"n": int(a.size), "median": float(np.median(ab)), "p90": float(np.percentile(ab, 90)),
+            "mean": float(ab.mean()), "max": float(ab.max()), "median_signed": float(np.median(a))}
+
+
+def fmt_pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def write(out_dir: Path, stem: str, payload: dict, markdown: str) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jp, mp = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    jp.write_text(json.dumps(payload, indent=1, default=float) + "\n")
+    mp.write_text(markdown)
+    return jp, mp
+
+
+def md_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,31 @@
+"""The simulator on Arena's own data (skipped when ../shared/data/arena is absent)."""
+
+import pytest
+
+from arena_opt.sim import SimOptions, load_cluster, load_trace, simulate
+from arena_opt.sim.metrics import compute
+from arena_opt.sim.run import make_estimators
+
+pytestmark = pytest.mark.shared_data
+
+
+def test_arena_trace_and_cluster_load_as_they_are(arena_data):
+    jobs = load_trace(arena_data / "traces" / "simulate_trace_philly.csv", iter_scale=5, deadline_stretch=5)
+    assert len(jobs) == 1938
+    cl = load_cluster(arena_data / "cluster_spec_derived.json")
+    assert sum(n.num_gpus for n in cl.nodes) == 1280 and len(cl.nodes) == 420
+    assert {n.gpu_type for n in cl.nodes} == {"a100-40gb", "v100-32gb", "a40", "a10"}
+
+
+def test_fcfs_on_the_first_jobs_with_the_measured_table(arena_data):
+    jobs = load_trace(arena_data / "traces" / "simulate_trace_philly.csv", iter_scale=5, deadline_stretch=5,
+                      limit=25)
+    cl = load_cluster(arena_data / "cluster_spec_derived.json")
+    truth, est = make_estimators(arena_data / "prof_records.csv")
+    res = simulate(jobs, cl, "fcfs", truth=truth, estimate=est, reconfig="artifact", options=SimOptions(rounds=100))
+    m = compute(res)
+    assert m["rounds"] == 100 and m["finished"] + m["unfinished"] + m["rejected"] == 25
+    # every job that ran, ran at the table's time for its grid: progress rate == 1 / table time
+    for r in res.jobs:
+        if r["status"] == "done":
+            assert r["finish"] <= res.end
