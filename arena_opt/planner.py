@@ -77,8 +77,11 @@ def _code_version() -> str:
 
 
 class Planner:
-    def __init__(self, params: CostParams | None = None):
+    def __init__(self, params: CostParams | None = None, layer_source=None):
         self.params = params or CostParams()
+        # optional callable (arena_opt.profiling.source.ProfileSource) giving measured LayerCosts;
+        # it returns None where it has no profile and the analytical model is used
+        self.layer_source = layer_source
         self._cache: dict[tuple, GridPlans] = {}
         self._disk: dict[str, list] = {}
         self._disk_dirty = False
@@ -97,7 +100,7 @@ class Planner:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             return  # a missing or damaged cache is only a slower start
-        if data.get("version") == _code_version() and data.get("params") == self.params.model_dump_json():
+        if data.get("version") == _code_version() and data.get("params") == self._params_key():
             self._disk = data.get("plans", {})
 
     def save_cache(self, path) -> None:
@@ -110,10 +113,13 @@ class Planner:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"version": _code_version(), "params": self.params.model_dump_json(),
+        tmp.write_text(json.dumps({"version": _code_version(), "params": self._params_key(),
                                    "plans": self._disk}))
         tmp.replace(path)
         self._disk_dirty = False
+
+    def _params_key(self) -> str:
+        return self.params.model_dump_json() + "|" + str(getattr(self.layer_source, "digest", ""))
 
     def mem_cap_bytes(self, gpu: GpuSpec) -> float:
         return (gpu.memory_gib - self.params.mem_reserve_gib) * GIB
@@ -149,8 +155,13 @@ class Planner:
                 continue
             for m in microbatch_counts(batch // dp, pp):
                 for rc in (False, True):
-                    lc = layer_costs(table, gpu, gpu_name, links, nodes=nodes, gpus_per_node=gpus_per_node,
-                                     batch=batch, dp=dp, tp=tp, m=m, recompute=rc, params=self.params)
+                    lc = None
+                    if self.layer_source is not None:
+                        lc = self.layer_source(arch, gpu_name, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node,
+                                               batch=batch, dp=dp, tp=tp, m=m, recompute=rc)
+                    if lc is None:
+                        lc = layer_costs(table, gpu, gpu_name, links, nodes=nodes, gpus_per_node=gpus_per_node,
+                                         batch=batch, dp=dp, tp=tp, m=m, recompute=rc, params=self.params)
                     res = self._split(lc, pp, m, cap)
                     if res is None:
                         continue

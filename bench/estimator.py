@@ -24,6 +24,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+_HERE = Path(__file__).resolve().parent
+# run as `python bench/X.py`, bench/ comes first on sys.path and bench/runners.py would shadow the
+# runners package: the repository root goes first, bench/ last
+if sys.path and Path(sys.path[0]).resolve() == _HERE:
+    sys.path.append(sys.path.pop(0))
+sys.path.insert(0, str(_HERE.parent))
+
 from _perf_common import command, err_stats, fmt_pct, git_rev, machine, md_table, write
 
 from arena_opt.gpus import canonical_gpu

@@ -28,6 +28,7 @@ from arena_opt.plan import Plan  # noqa: E402
 from runners.base import JobSpec  # noqa: E402
 from runners.local import LocalRunner  # noqa: E402
 from runners.process import kill_all  # noqa: E402
+from runners.spec import Scale  # noqa: E402
 
 PLANS = {
     "dp1": Plan(), "dp2": Plan(dp=2), "tp2": Plan(tp=2), "pp2": Plan(pp=2, num_microbatches=2),
@@ -56,7 +57,7 @@ def bench_plan(work: Path, name: str, args) -> dict:
     plan = PLANS[name]
     with LocalRunner(work / name, device=args.device) as r:
         r.add_job(JobSpec(job_id=name, model=args.model, global_batch=args.batch, total_steps=args.steps,
-                          scale=None if args.full else JobSpec.model_fields["scale"].default_factory()))
+                          scale=None if args.full else Scale()))
         r.apply(_decision(name, plan, "start"))
         _wait(r, name, lambda s: s.state != "running")
         st = {o.job_id: o for o in r.status()}[name]
@@ -81,7 +82,7 @@ def bench_reshape(work: Path, a: str, b: str, args) -> dict:
     job = f"{a}-{b}"
     with LocalRunner(work / job, device=args.device) as r:
         r.add_job(JobSpec(job_id=job, model=args.model, global_batch=args.batch, total_steps=10_000,
-                          scale=None if args.full else JobSpec.model_fields["scale"].default_factory()))
+                          scale=None if args.full else Scale()))
         r.apply(_decision(job, PLANS[a], "start"))
         _wait(r, job, lambda s: s.step >= 3)
         t0 = time.time()

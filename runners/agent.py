@@ -72,8 +72,11 @@ class Agent:
         rc = p.poll()
         return {"rc": rc, "workers": p.workers() if rc is None else []}
 
-    def terminate(self, key: str, timeout: float) -> dict:
+    def terminate(self, key: str, timeout: float, kill: bool = False) -> dict:
         p = self._get(key)
+        if kill:
+            p.kill()
+            return {"rc": p.poll()}
         return {"rc": p.terminate(timeout)}
 
     def stop_all(self) -> None:
@@ -111,7 +114,8 @@ def _handler(agent: Agent, server_ref: list) -> type[BaseHTTPRequestHandler]:
                 elif self.path == "/poll":
                     self._reply(200, agent.poll(body["key"]))
                 elif self.path == "/terminate":
-                    self._reply(200, agent.terminate(body["key"], float(body.get("timeout", 30))))
+                    self._reply(200, agent.terminate(body["key"], float(body.get("timeout", 30)),
+                                                     bool(body.get("kill", False))))
                 elif self.path == "/port":
                     self._reply(200, {"port": free_port(agent.host)})
                 elif self.path == "/health":
@@ -188,6 +192,13 @@ class RemoteLaunch(LaunchHandle):
         for i, a in enumerate(self.agents):
             try:
                 self._rc[i] = _call(a, "/terminate", {"key": self.key, "timeout": timeout}, timeout=timeout + 30)["rc"]
+            except AgentError:
+                self._rc[i] = -1 if self._rc[i] is None else self._rc[i]
+
+    def kill(self) -> None:
+        for i, a in enumerate(self.agents):
+            try:
+                self._rc[i] = _call(a, "/terminate", {"key": self.key, "kill": True})["rc"]
             except AgentError:
                 self._rc[i] = -1 if self._rc[i] is None else self._rc[i]
 

@@ -77,8 +77,10 @@ def _policy(name: str, time_limit: float, live: tuple[float, float, bool] | None
         opts: dict = {"time_limit_s": time_limit, "threads": 1}
         if live is not None:
             interval, restart, scaled = live
+            # the MILP values a restart of R s as a loss of R/horizon of a round: with the horizon at a
+            # CPU interval (seconds) below the restart time nothing would ever be worth starting
+            opts["horizon_s"] = max(interval, 4 * restart)
             # a scaled model's checkpoint is a few MB: only the process restart costs time
-            opts["horizon_s"] = interval
             opts["reconfig"] = ReconfigModel(restart_s=restart, **({"storage_gbs_per_gpu": 1e3} if scaled else {}))
         kw["options"] = ArenaOptions(**opts)
     try:
@@ -180,9 +182,15 @@ def _live(args, snap) -> int:
     def _term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # the loop's finally stops every job
 
+    from runners.base import RunnerError
+
     old = signal.signal(signal.SIGTERM, _term)
     try:
         res = loop.run()
+    except RunnerError as e:
+        # a decision the runner cannot apply: a policy bug, reported without a traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     finally:
         signal.signal(signal.SIGTERM, old)
     m = res.metrics

@@ -106,7 +106,11 @@ class DryRunRunner(Runner):
     def _print_launch(self, j: _DryJob, jd: JobDecision, port: int) -> None:
         assert jd.plan is not None
         root = job_root(self.workdir, j.spec.job_id)
-        spec = make_train_spec(j.spec, jd.plan, root, self.ckpt_interval, j.generation, self.device)
+        try:
+            spec = make_train_spec(j.spec, jd.plan, root, self.ckpt_interval, j.generation, self.device)
+        except ValueError as e:
+            self._print(f"# job {jd.job_id}: {jd.action} {jd.plan.describe()}: cannot run: {e}")
+            return
         first = next(iter(jd.placement))
         endpoint = f"{self.node_addrs.get(first, first)}:{port}"
         launches = node_launches(spec, jd.placement, endpoint, use_gpus=True)

@@ -48,6 +48,9 @@ class LiveOptions(BaseModel):
                                                              description="(node id, wall second) a node leaves")
     observe_weight: float = Field(0.5, gt=0, le=1)
     seed: NonNegativeInt = 0
+    stall_rounds: PositiveInt = Field(3, description="stop when this many rounds in a row run nothing and "
+                                                     "start nothing while jobs wait (they cannot be placed)")
+    step_delay_s: NonNegativeFloat = Field(0.0, description="pace every job (tests and demos on CPU)")
 
 
 @dataclass
@@ -98,7 +101,7 @@ class LiveLoop:
             steps = max(1, tj.iterations // options.iter_scale)
             batch = max(1, tj.batch_size // options.batch_divisor)
             spec = JobSpec(job_id=tj.id, model=tj.model, global_batch=batch, total_steps=steps,
-                           scale=options.scale, seed=options.seed)
+                           scale=options.scale, seed=options.seed, step_delay_s=options.step_delay_s)
             deadline = None if tj.deadline is None else (tj.deadline - t0) / options.time_scale
             self.jobs[tj.id] = _LiveJob(tj, spec, (tj.submit_time - t0) / options.time_scale, deadline)
         self.timeline: dict[str, list[float]] = {k: [] for k in
@@ -107,6 +110,9 @@ class LiveLoop:
         self.decisions: list[dict] = []
         self.t0 = 0.0
         self._removed: set[str] = set()
+        self._removals = list(options.node_removals)  # appended to by remove_node() from other threads
+        self._idle_rounds = 0
+        self.stalled = False
 
     # ------------------------------------------------------------------ main loop
 
@@ -123,14 +129,18 @@ class LiveLoop:
                 if self._done(obs) or (self.opt.duration_s is not None and t >= self.opt.duration_s):
                     break
                 if t >= next_round:
-                    self._round(t, obs)
+                    self._round(t)
                     next_round = t + self.opt.interval_s
+                    if self._idle_rounds >= self.opt.stall_rounds:
+                        self.stalled = True
+                        self.log(f"[{t:7.1f}s] stalled: {self._idle_rounds} rounds without anything to run")
+                        break
                 time.sleep(min(1.0, max(0.05, next_round - self.now())))
         finally:
             self.runner.shutdown()
         return self._finish()
 
-    def _round(self, t: float, obs: dict[str, ObservedJob]) -> None:
+    def _round(self, t: float) -> None:
         self._apply_removals(t)
         for j in self.jobs.values():
             if not j.added and j.submit <= t:
@@ -139,7 +149,10 @@ class LiveLoop:
         obs = self._observe(t)
         self._feed_estimator()
         snap = self._snapshot(t, obs)
+        busy = any(o.state in ("running", "stopping") for o in obs.values())
+        all_in = all(j.added for j in self.jobs.values())
         if not snap.jobs:
+            self._idle_rounds = self._idle_rounds + 1 if all_in and not busy else 0
             return
         w0 = time.perf_counter()
         decision: Decision = self.policy.decide(snap)
@@ -151,13 +164,19 @@ class LiveLoop:
         self.decisions.append({"t": t, "wall_s": wall, "apply_s": time.perf_counter() - w0 - wall, **acts})
         with open(self.out / "decisions.jsonl", "a") as f:
             f.write(json.dumps({"t": t, "decision": json.loads(decision.model_dump_json())}) + "\n")
+        starts = any(d.runs and d.action != "keep" for d in decision.jobs)
+        self._idle_rounds = self._idle_rounds + 1 if all_in and not busy and not starts else 0
         self.log(f"[{t:7.1f}s] round {len(self.decisions)}: {len(snap.jobs)} jobs, "
                  + ", ".join(f"{k} {v}" for k, v in acts.items() if v) + f" (decide {wall:.2f}s)")
 
     # ------------------------------------------------------------------ pieces
 
+    def remove_node(self, node_id: str) -> None:
+        """A node leaves now (applied at the next round); safe to call from another thread."""
+        self._removals.append((node_id, 0.0))
+
     def _apply_removals(self, t: float) -> None:
-        for node, at in self.opt.node_removals:
+        for node, at in list(self._removals):
             if at <= t and node not in self._removed:
                 self._removed.add(node)
                 self.nodes = [n for n in self.nodes if n.id != node]
@@ -178,13 +197,14 @@ class LiveLoop:
             o = obs.get(jid)
             if o is None:
                 continue
-            prev, j.last_obs = j.last_obs, o
+            j.last_obs = o
             if o.state == "finished" and j.finish is None:
                 j.finish = self._finish_time(jid, t)
             if o.state in ("running", "stopping"):
                 alloc += o.num_gpus
                 j.gpu_seconds += o.num_gpus * dt
-                if o.samples_per_s and prev is not None and o.step > prev.step:
+                # productive once the current launch reports steps (the simulator's "past its reconfiguration")
+                if o.state == "running" and o.samples_per_s:
                     running += 1
                     prod += o.num_gpus
                     thr += o.samples_per_s
@@ -192,10 +212,16 @@ class LiveLoop:
                     j.productive_gpu_seconds += o.num_gpus * dt
             elif o.state in ("pending", "stopped", "crashed"):
                 waiting += 1
+        # what was observed happened since the previous sample: the simulator's step functions hold
+        # value[i] on [t[i], t[i+1]), so the rates go to the previous sample and are carried forward
         tl = self.timeline
-        for k, v in (("t", t), ("throughput", thr), ("alloc_gpus", alloc), ("productive_gpus", prod),
-                     ("waiting", waiting), ("running", running), ("norm_sum", norm)):
+        vals = {"throughput": thr, "alloc_gpus": alloc, "productive_gpus": prod, "waiting": waiting,
+                "running": running, "norm_sum": norm}
+        for k, v in vals.items():
+            if tl["t"]:
+                tl[k][-1] = float(v)
             tl[k].append(float(v))
+        tl["t"].append(t)
         return obs
 
     def _finish_time(self, jid: str, t: float) -> float:
@@ -249,7 +275,11 @@ class LiveLoop:
             j = self.jobs[jd.job_id]
             if jd.runs:
                 target = (jd.gpu_type, dict(jd.placement), jd.plan)
-                if jd.action == "start":
+                o = obs.get(jd.job_id)
+                if jd.action == "keep" and o is not None and o.state == "crashed":
+                    j.starts += 1  # the runner relaunches it from its checkpoint
+                    j.reconfigs += 1
+                elif jd.action == "start":
                     j.starts += 1
                     if j.first_start is None:
                         j.first_start = t
@@ -341,5 +371,5 @@ def _sim_metrics(loop: LiveLoop, records: list[dict], end: float) -> dict:
     res = SimResult(policy=getattr(loop.policy, "name", "policy"),
                     options={"interval_s": loop.opt.interval_s, **loop.opt.model_dump(mode="json")},
                     origin=0.0, end=max(end, 1e-6), total_gpus=sum(n.num_gpus for n in loop.cluster.nodes),
-                    jobs=records, timeline=tl, decisions=loop.decisions, stalled=False, wall_s=end)
+                    jobs=records, timeline=tl, decisions=loop.decisions, stalled=loop.stalled, wall_s=end)
     return compute(res)

@@ -28,6 +28,10 @@ class LocalLaunch(LaunchHandle):
             else:
                 p.kill()  # torchrun is gone; make sure its workers are too
 
+    def kill(self) -> None:
+        for p in self.procs:
+            p.kill()
+
     def worker_pids(self) -> list[int]:
         return [w for p in self.procs for w in p.workers()]
 

@@ -47,6 +47,10 @@ class LaunchHandle(abc.ABC):
     def terminate(self, timeout: float) -> None:
         """SIGTERM then SIGKILL every process of the launch; returns when all are gone."""
 
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """SIGKILL every process of the launch at once (no chance to save); returns when all are gone."""
+
 
 @dataclass
 class _Job:
@@ -149,7 +153,7 @@ class ManagedRunner(Runner):
             self._stop_many([j])
         else:
             assert j.handle is not None
-            j.handle.terminate(timeout=10.0)
+            j.handle.kill()
             self._settle(j, stopping=True)
 
     def measurements(self) -> list[Measurement]:
@@ -281,13 +285,12 @@ class ManagedRunner(Runner):
 
     def _collect_measurements(self, j: _Job, flush: bool = False) -> None:
         assert j.reader is not None
-        steps = [e for e in j.reader.state.events
-                 if e["event"] == "step" and e["generation"] == j.generation - 1]
-        new = steps[j.seen_steps:]
-        if j.seen_steps == 0 and new:
-            new = new[1:]  # the first step of a launch includes warm-up (allocation, pipeline shape inference)
-        j.seen_steps = len(steps)
-        j.window.extend(e["iter_time_s"] for e in new)
+        p = j.reader.state
+        if p.generation != j.generation - 1:
+            return  # the current launch has not reported yet
+        new = p.iter_times[max(j.seen_steps, 1):]  # the first step of a launch includes warm-up
+        j.seen_steps = len(p.iter_times)
+        j.window.extend(new)
         if j.window and (len(j.window) >= self.measure_window or flush) and j.plan and j.gpu_type:
             m = Measurement(job_id=j.spec.job_id, model=_model_name(j.spec.model), arch=_arch_name(j),
                             gpu_type=j.gpu_type, num_gpus=j.plan.num_gpus, plan=j.plan,
@@ -301,8 +304,8 @@ class ManagedRunner(Runner):
     def _observe(self, j: _Job) -> ObservedJob:
         assert j.reader is not None
         p = j.reader.state
-        cur = [e for e in p.events if e["event"] == "step" and e["generation"] == j.generation - 1]
-        recent = [e["iter_time_s"] for e in cur[1:][-20:]] or [e["iter_time_s"] for e in cur]
+        cur = p.iter_times if p.generation == j.generation - 1 else []
+        recent = cur[1:][-20:] or cur
         it = statistics.median(recent) if recent else None
         return ObservedJob(
             job_id=j.spec.job_id, state=j.state, step=p.step, total_steps=j.spec.total_steps, loss=p.loss,

@@ -76,7 +76,9 @@ class ParallelModel:
         """Forward + backward of one global batch (gradients synchronised over dp);
         returns this dp shard's mean loss on last-stage ranks, None elsewhere."""
         xl, yl = self.local_batch(x, y)
-        return self.step_fn(xl, yl)
+        # bf16 autocast on GPUs, as the estimator's fp16/bf16 cost model assumes; fp32 on CPU
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            return self.step_fn(xl, yl)
 
 
 def parallelize(arch: Arch, plan: Plan, device: torch.device, dp_mode: str = "ddp", seed: int = 0) -> ParallelModel:

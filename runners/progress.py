@@ -62,7 +62,7 @@ class JobProgress:
     exit_reason: str | None = None
     error: str | None = None
     losses: dict[int, float] = field(default_factory=dict)
-    iter_times: list[float] = field(default_factory=list)
+    iter_times: list[float] = field(default_factory=list)  # of the current generation's steps, in order
     events: list[dict] = field(default_factory=list)
     last_time: float = 0.0
 
@@ -106,6 +106,7 @@ class ProgressReader:
             s.world_size = ev.get("world_size")
             s.plan = ev.get("plan")
             s.step = ev.get("step", s.step)
+            s.iter_times = []
         elif kind == "step":
             s.step = ev["step"]
             s.loss = ev.get("loss")

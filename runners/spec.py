@@ -47,7 +47,7 @@ class TrainSpec(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     run_dir: str = Field(description="progress.jsonl and the control file live here")
     ckpt_dir: str
-    ckpt_interval: NonNegativeInt = Field(0, description="steps between checkpoints; 0 = only when stopped")
+    ckpt_interval: NonNegativeInt = Field(0, description="steps between checkpoints (and one at the end); 0 = only when stopped")
     keep_checkpoints: PositiveInt = 2
     generation: NonNegativeInt = Field(0, description="launch counter of the job, reported with progress")
     step_delay_s: NonNegativeFloat = Field(

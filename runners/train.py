@@ -115,7 +115,6 @@ def _train(spec: TrainSpec, device: torch.device) -> int:
     step, resumed_from = 0, None
     ckpt = latest_checkpoint(spec.ckpt_dir)
     if ckpt is not None:
-
         step, load_s = checkpoint.load(pm.module, optim, ckpt)
         resumed_from = str(ckpt)
         if writer:
@@ -150,8 +149,9 @@ def _train(spec: TrainSpec, device: torch.device) -> int:
             writer.emit("step", step=step, loss=float(red[0]), iter_time_s=dt,
                         samples_per_s=spec.global_batch / dt, peak_mem_bytes=int(mem[0]))
         stopping = bool(red[1] > 0)
-        due = spec.ckpt_interval and step % spec.ckpt_interval == 0
-        if (stopping or due) and step < spec.total_steps and step != last_ckpt:
+        # with periodic checkpoints on, the final weights are kept too
+        due = spec.ckpt_interval and (step % spec.ckpt_interval == 0 or step == spec.total_steps)
+        if (stopping or due) and step != last_ckpt:
             path, save_s = checkpoint.save(pm.module, optim, step, spec.ckpt_dir,
                                            {**meta, "samples": step * spec.global_batch}, spec.keep_checkpoints)
             last_ckpt = step

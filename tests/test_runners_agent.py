@@ -1,7 +1,8 @@
 """Multi-node backend with two agents on this host standing in for two nodes:
-a job spread over both (c10d rendezvous, one torchrun per node), migrated onto
-one node through its checkpoint, and agents that take their jobs down when
-they stop."""
+a job spread over both (c10d rendezvous, one torchrun per node: a pipeline
+stage per node), and an agent that takes its launches down when it stops.
+Moving a job between nodes is the reshape of tests/test_runners_local.py: the
+same launch builder and checkpoint path, not repeated here for CI time."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def wait(r, pred, timeout=150.0):
     raise AssertionError(f"timed out: {st}")
 
 
-def test_job_over_two_agents_migrates_to_one_and_dies_with_its_agent(tmp_path, agents):
+def test_job_over_two_agents_trains_and_dies_with_its_agent(tmp_path, agents):
     addrs, procs = agents
     assert _call(addrs["n1"], "/health")["node_id"] == "n1"
     with pytest.raises(AgentError, match="not in the placement"):
@@ -80,13 +81,6 @@ def test_job_over_two_agents_migrates_to_one_and_dies_with_its_agent(tmp_path, a
     assert len(logs) == 2 and "agent-logs/n0" in logs[0] and "agent-logs/n1" in logs[1]
     start = next(e for e in r.events("m") if e["event"] == "start")
     assert start["world_size"] == 2
-    # migrate onto node n1 alone, two processes, data parallel
-    r.apply(decide("migrate", Plan(dp=2), {"n1": [0, 1]}))
-    st = wait(r, lambda s: s.generation == 1 and s.step >= (s.last_checkpoint_step or 0) + 2 or s.state != "running")
-    assert st.state == "running", st.message
-    events = r.events("m")
-    saved = next(e["step"] for e in events if e["event"] == "checkpoint")
-    assert next(e["step"] for e in events if e["event"] == "loaded") == saved
     got = r.losses("m")
     ref = reference_losses(resolve_arch(spec.model, spec.scale), max(got), 8)
     assert max(abs(got[s] - ref[s - 1]) for s in got) < TOL
@@ -95,6 +89,10 @@ def test_job_over_two_agents_migrates_to_one_and_dies_with_its_agent(tmp_path, a
     assert len(workers) == 2
     procs[1].send_signal(signal.SIGTERM)
     procs[1].wait(90)
+    st = wait(r, lambda s: s.state != "running", timeout=60)
+    # the SIGTERM reached the job's ranks on n1, the stop vote the ranks on n0: all saved at one step
+    assert st.state in ("stopped", "crashed") and st.last_checkpoint_step == st.step
+    deadline = time.time() + 30
+    while time.time() < deadline and any(pid_alive(p) for p in workers):
+        time.sleep(0.2)
     assert not [p for p in workers if pid_alive(p)]
-    st = wait(r, lambda s: s.state != "running", timeout=30)
-    assert st.state in ("stopped", "crashed")  # the job saw SIGTERM and saved; its agent is gone

@@ -103,3 +103,14 @@ def test_skipping_quiet_rounds_changes_nothing(policy, cluster, estimator):
     assert len(every.decisions) > len(events.decisions)
     for a, b in zip(events.jobs, every.jobs):
         assert a["finish"] == pytest.approx(b["finish"], rel=1e-12), a["id"]
+
+
+@pytest.mark.parametrize("seed", range(10, 16))
+def test_arena_greedy_search_paths_stay_feasible(seed, cluster, estimator):
+    """A crowded cluster drives Arena's heuristic through consolidation, the modification search
+    and preemption; every decision must still pass the simulator's checks and every job finish."""
+    trace = generate(cluster, GenOptions(jobs=30, seed=seed, load=3.0, models=MODELS, batch_sizes=(128,),
+                                         duration_median_s=1800, burst_mean=4.0), estimator)
+    res = run(cluster, estimator, trace, "arena-greedy")
+    assert all(j["status"] == "done" for j in res.jobs)
+    assert sum(j["reconfigs"] for j in res.jobs) > 0

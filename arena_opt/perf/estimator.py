@@ -30,10 +30,17 @@ class PerfEstimator:
     "off" ignores the table."""
 
     def __init__(self, params: CostParams | None = None, table: PerfTable | None = None,
-                 table_mode: str = "override"):
+                 table_mode: str = "override", profiles=None):
+        """`profiles`: an `arena_opt.profiling.db.ProfileDB`; models profiled on a GPU are planned from
+        their measured layers, everything else from the analytical model."""
         if table_mode not in ("override", "strict", "off"):
             raise ValueError(f"table_mode must be override, strict or off, not {table_mode!r}")
-        self.planner = Planner(params)
+        source = None
+        if profiles is not None:
+            from arena_opt.profiling.source import ProfileSource
+
+            source = ProfileSource(profiles)
+        self.planner = Planner(params, layer_source=source)
         self.table = table
         self.table_mode = table_mode
         # observed/estimated iteration-time ratio per (model, gpu type), from runners

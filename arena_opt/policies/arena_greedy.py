@@ -24,7 +24,7 @@ from itertools import combinations
 
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
-from arena_opt.policies.common import PackedPolicy, Packing, Placement, fifo, requested_grid
+from arena_opt.policies.common import PackedPolicy, Packing, Placement, fifo
 
 
 class ArenaGreedyPolicy(PackedPolicy):
@@ -45,7 +45,7 @@ class ArenaGreedyPolicy(PackedPolicy):
         searches = 0
         for job in fifo([j for j in snapshot.jobs if j.id not in alloc]):
             opts = self.cache.options(job)
-            target = requested_grid(job, opts)
+            target = self.requested(job)
             if target is None:
                 reasons[job.id] = "no feasible grid on this cluster"
                 continue
@@ -80,8 +80,10 @@ class ArenaGreedyPolicy(PackedPolicy):
         new.hold(jid, pl)
         return new, grid
 
-    def _consolidate(self, pack: Packing, jid: str, grid: Grid):
-        """Clear the cheapest node(s) of the grid's pool by migrating their sub-node jobs elsewhere."""
+    def _consolidate(self, pack: Packing, jid: str, grid: Grid, changed: dict[str, Grid] | None = None):
+        """Clear the cheapest node(s) of the grid's pool by migrating their sub-node jobs elsewhere.
+        `changed`: grids of jobs already modified in `pack` but not yet in `self.alloc`."""
+        alloc = {**self.alloc, **changed} if changed else self.alloc
         key = grid.pool
         if key not in pack.free_count or pack.free_gpus(key) < grid.num_gpus:
             return None
@@ -91,7 +93,7 @@ class ArenaGreedyPolicy(PackedPolicy):
         need = cap if grid.multi_node else grid.num_gpus
 
         def movable(nid):  # sub-node jobs only: whole-node jobs stay
-            return all(not self.alloc[j].multi_node for j in pack.jobs_on(nid))
+            return all(not alloc[j].multi_node for j in pack.jobs_on(nid))
 
         # cheapest nodes first: fewest GPUs to move off them
         cands = sorted((need - pack.free_count[key][i], ids[i]) for i in range(len(ids)) if movable(ids[i]))
@@ -101,8 +103,7 @@ class ArenaGreedyPolicy(PackedPolicy):
             tries = [[nid] for cost, nid in cands if cost > 0][:4]
         for target_nodes in tries:
             new = pack.copy()
-            evict = sorted({j for n in target_nodes for j in new.jobs_on(n)},
-                           key=lambda j: -self.alloc[j].num_gpus)
+            evict = sorted({j for n in target_nodes for j in new.jobs_on(n)}, key=lambda j: (-alloc[j].num_gpus, j))
             if not grid.multi_node:  # move the fewest jobs: largest first, until the job fits
                 n0 = target_nodes[0]
                 free = new.free_count[key][new.node_pos[n0]]
@@ -111,15 +112,15 @@ class ArenaGreedyPolicy(PackedPolicy):
                     if free >= need:
                         keep.append(j)
                     else:
-                        free += self.alloc[j].num_gpus
+                        free += alloc[j].num_gpus
                 evict = [j for j in evict if j not in keep]
             for j in evict:
                 new.release(j)
-            new.hold(jid, {n: new.free[n][: grid.shape.gpus_per_node if grid.multi_node else grid.num_gpus]
+            new.hold(jid, {n: new.gpus_free(n)[: grid.shape.gpus_per_node if grid.multi_node else grid.num_gpus]
                            for n in target_nodes})
             ok = True
             for j in evict:
-                g = self.alloc[j]
+                g = alloc[j]
                 pl = new.find(g)
                 if pl is None:
                     ok = False
@@ -173,20 +174,21 @@ class ArenaGreedyPolicy(PackedPolicy):
     def _apply_mods(self, pack: Packing, jid: str, target: Grid, combo):
         new = pack.copy()
         grid, lost = target, 0.0
+        changed: dict[str, Grid] = {}
         for loss, j, g in combo:
+            lost += loss
             if j == jid:
                 grid = g
-                lost += loss
                 continue
             old = new.release(j)
             pl = new.find(g, old)
             if pl is None:
                 return None
             new.hold(j, pl)
-            lost += loss
+            changed[j] = g
         pl = new.find(grid)
         if pl is None:
-            res = self._consolidate(new, jid, grid)
+            res = self._consolidate(new, jid, grid, changed)
             if res is None:
                 return None
             new = res[0]

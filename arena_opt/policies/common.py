@@ -128,37 +128,46 @@ class Packing:
     """Free GPUs per node with the rules of `placement.place`: sub-node grids best-fit into one node
     (the job's previous node first), multi-node grids take whole free nodes."""
 
+    _static: tuple = (None, None)  # (pool_map, its node index), shared by every Packing of a round
+
     def __init__(self, snapshot: ClusterSnapshot, pool_map: dict[tuple, Pool],
                  held: dict[str, Placement] | None = None):
+        if Packing._static[0] is not pool_map:
+            node_pool, node_pos, cap, ranges = {}, {}, {}, {}
+            for key, p in pool_map.items():
+                cap[key] = p.gpus_per_node
+                ranges[key] = list(range(p.gpus_per_node))
+                for i, nid in enumerate(p.node_ids):
+                    node_pool[nid] = key
+                    node_pos[nid] = i
+            Packing._static = (pool_map, (node_pool, node_pos, cap, ranges))
+        self.node_pool, self.node_pos, self.cap, ranges = Packing._static[1]
         self.pool_map = pool_map
-        self.node_pool: dict[str, tuple] = {}
-        self.node_pos: dict[str, int] = {}
-        self.cap: dict[tuple, int] = {}
-        self.free_count: dict[tuple, list[int]] = {}
-        self.free: dict[str, list[int]] = {}
+        self.free_count = {key: [p.gpus_per_node] * len(p.node_ids) for key, p in pool_map.items()}
+        self._ranges = ranges
+        self.free: dict[str, list[int]] = {}  # free GPU indices of the nodes touched so far (see gpus_free)
         self.where: dict[str, Placement] = {}
         self.node_jobs: dict[str, set[str]] = {}
-        used: dict[str, set[int]] = {}
         for jid, pl in (held or {}).items():
             for nid, gpus in pl.items():
-                used.setdefault(nid, set()).update(gpus)
+                fl = self.gpus_free(nid)
+                for g in gpus:
+                    fl.remove(g)
+                self.free_count[self.node_pool[nid]][self.node_pos[nid]] -= len(gpus)
                 self.node_jobs.setdefault(nid, set()).add(jid)
             self.where[jid] = pl
-        for key, p in pool_map.items():
-            self.cap[key] = p.gpus_per_node
-            counts = []
-            for i, nid in enumerate(p.node_ids):
-                self.node_pool[nid] = key
-                self.node_pos[nid] = i
-                u = used.get(nid)
-                fl = list(range(p.gpus_per_node)) if not u else [g for g in range(p.gpus_per_node) if g not in u]
-                self.free[nid] = fl
-                counts.append(len(fl))
-            self.free_count[key] = counts
+
+    def gpus_free(self, nid: str) -> list[int]:
+        """Free GPU indices of a node; lists are made on first touch (a round touches few nodes)."""
+        fl = self.free.get(nid)
+        if fl is None:
+            fl = self.free[nid] = self._ranges[self.node_pool[nid]][:]
+        return fl
 
     def copy(self) -> "Packing":
         c = object.__new__(Packing)
         c.pool_map, c.node_pool, c.node_pos, c.cap = self.pool_map, self.node_pool, self.node_pos, self.cap
+        c._ranges = self._ranges
         c.free_count = {k: v[:] for k, v in self.free_count.items()}
         c.free = {k: v[:] for k, v in self.free.items()}
         c.where = dict(self.where)
@@ -177,7 +186,7 @@ class Packing:
 
     def hold(self, job_id: str, placement: Placement) -> None:
         for nid, gpus in placement.items():
-            fl = self.free[nid]
+            fl = self.gpus_free(nid)
             for g in gpus:
                 fl.remove(g)
             self.free_count[self.node_pool[nid]][self.node_pos[nid]] -= len(gpus)
@@ -189,7 +198,7 @@ class Packing:
         if placement is None:
             return None
         for nid, gpus in placement.items():
-            self.free[nid] = sorted(self.free[nid] + list(gpus))
+            self.free[nid] = sorted(self.gpus_free(nid) + list(gpus))
             self.free_count[self.node_pool[nid]][self.node_pos[nid]] += len(gpus)
             self.node_jobs[nid].discard(job_id)
         return placement
@@ -208,12 +217,12 @@ class Packing:
                 return None
             if prev:
                 whole.sort(key=lambda n: n not in prev)
-            return {nid: self.free[nid][: grid.shape.gpus_per_node] for nid in whole[:k]}
+            return {nid: self.gpus_free(nid)[: grid.shape.gpus_per_node] for nid in whole[:k]}
         n = grid.num_gpus
         if prev:
             for nid in prev:
                 if self.node_pool.get(nid) == key and fc[self.node_pos[nid]] >= n:
-                    return {nid: self.free[nid][:n]}
+                    return {nid: self.gpus_free(nid)[:n]}
         best, best_c = -1, cap + 1
         for i, c in enumerate(fc):
             if n <= c < best_c:  # tightest node, lowest id on ties
@@ -223,7 +232,7 @@ class Packing:
         if best < 0:
             return None
         nid = ids[best]
-        return {nid: self.free[nid][:n]}
+        return {nid: self.gpus_free(nid)[:n]}
 
     def take(self, job_id: str, grid: Grid, prev: Placement | None = None) -> Placement | None:
         pl = self.find(grid, prev)
@@ -241,6 +250,7 @@ class PackedPolicy(GridPolicy):
         super().__init__(estimator)
         self.reconfig = reconfig or PRESETS["checkpoint"]
         self.cache = GridCache(self.estimator)
+        self._requested: dict[str, tuple] = {}
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
         t0 = time.perf_counter()
@@ -249,6 +259,14 @@ class PackedPolicy(GridPolicy):
         stats.total_s = time.perf_counter() - t0
         stats.num_grids = len(chosen)
         return build_decision(snapshot, self.name, chosen, placements, reasons, stats)
+
+    def requested(self, job: Job) -> Grid | None:
+        """`requested_grid` of the job, computed once per job."""
+        opts = self.cache.options(job)
+        hit = self._requested.get(job.id)
+        if hit is None or hit[0] is not opts:
+            hit = self._requested[job.id] = (opts, requested_grid(job, opts))
+        return hit[1]
 
     def choose(self, snapshot: ClusterSnapshot):
         self.cache.bind(snapshot)
@@ -261,8 +279,10 @@ class PackedPolicy(GridPolicy):
         """Chosen grid and placement per job that runs, a reason per job that does not, stats."""
 
     # helpers shared by the subclasses
-    def start_state(self, snapshot: ClusterSnapshot) -> tuple[Packing, dict[str, Grid], dict[str, Placement]]:
-        """Packing with every running job held where it is, and its current grid."""
+    def start_state(self, snapshot: ClusterSnapshot, packing: bool = True
+                    ) -> tuple[Packing | None, dict[str, Grid], dict[str, Placement]]:
+        """Packing with every running job held where it is (None unless `packing`), the current grid
+        and the placement of every running job."""
         chosen: dict[str, Grid] = {}
         placements: dict[str, Placement] = {}
         for j in snapshot.jobs:
@@ -273,7 +293,7 @@ class PackedPolicy(GridPolicy):
                 continue
             chosen[j.id] = g
             placements[j.id] = {nid: sorted(gs) for nid, gs in j.running.placement.items()}
-        return Packing(snapshot, self.cache.pools, placements), chosen, placements
+        return (Packing(snapshot, self.cache.pools, placements) if packing else None), chosen, placements
 
 
 def place_changes(snapshot: ClusterSnapshot, pool_map: dict[tuple, Pool], chosen: dict[str, Grid],

@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
-from arena_opt.policies.common import PackedPolicy, place_changes, requested_grid
+from arena_opt.policies.common import PackedPolicy, place_changes
 
 
 class ElasticFlowPolicy(PackedPolicy):
@@ -27,6 +27,7 @@ class ElasticFlowPolicy(PackedPolicy):
     def __init__(self, estimator=None, reconfig=None, use_deadlines: bool = True):
         super().__init__(estimator, reconfig)
         self.use_deadlines = use_deadlines
+        self._ladders: dict[tuple[str, str], list[Grid]] = {}  # (job, type) -> its grids by GPU count
 
     def _share(self, job, ladder: list[Grid], cur: Grid | None, now: float) -> tuple[int, bool]:
         """Index in the ladder of the smallest count meeting the deadline, and whether one does."""
@@ -41,7 +42,7 @@ class ElasticFlowPolicy(PackedPolicy):
 
     def plan(self, snapshot):
         now = snapshot.time
-        _, current, held = self.start_state(snapshot)
+        _, current, held = self.start_state(snapshot, packing=False)
         reasons: dict[str, str] = {}
         ladders: dict[str, list[Grid]] = {}
         entries = []
@@ -51,13 +52,15 @@ class ElasticFlowPolicy(PackedPolicy):
             if cur is not None:
                 t = cur.shape.gpu_type
             else:
-                g = requested_grid(job, opts)
+                g = self.requested(job)
                 if g is None:
                     reasons[job.id] = "no feasible grid on this cluster"
                     continue
                 t = g.shape.gpu_type
-            ladder = [opts[k] for k in sorted(k for k in opts if k[0] == t)]
-            ladder.sort(key=lambda g: g.num_gpus)
+            ladder = self._ladders.get((job.id, t))
+            if ladder is None or ladder[0] is not opts.get((t, ladder[0].num_gpus)):
+                ladder = self._ladders[(job.id, t)] = sorted((g for k, g in opts.items() if k[0] == t),
+                                                             key=lambda g: g.num_gpus)
             ladders[job.id] = ladder
             share, meets = self._share(job, ladder, cur, now)
             if cur is not None:

@@ -5,7 +5,7 @@ type (no backfilling), as in Arena's FCFS baseline; jobs of other types go on.""
 from __future__ import annotations
 
 from arena_opt.decision import SolverStats
-from arena_opt.policies.common import PackedPolicy, fifo, requested_grid
+from arena_opt.policies.common import PackedPolicy, fifo
 
 
 class FCFSPolicy(PackedPolicy):
@@ -20,7 +20,7 @@ class FCFSPolicy(PackedPolicy):
             if len(blocked) == len(types):
                 reasons[job.id] = "queued behind earlier jobs (first come, first served per GPU type)"
                 continue
-            g = requested_grid(job, self.cache.options(job))
+            g = self.requested(job)
             if g is None:
                 reasons[job.id] = "no feasible grid on this cluster"
                 continue

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
-from arena_opt.policies.common import PackedPolicy, fifo, place_changes, requested_grid
+from arena_opt.policies.common import PackedPolicy, fifo, place_changes
 from arena_opt.policies.ilp import BinaryProgram
 
 
@@ -27,7 +27,7 @@ class GavelPolicy(PackedPolicy):
     def _count(self, job, cur: Grid | None, opts) -> int | None:
         if cur is not None:
             return cur.num_gpus
-        g = requested_grid(job, opts)
+        g = self.requested(job)
         return None if g is None else g.num_gpus
 
     def plan(self, snapshot):
@@ -41,8 +41,12 @@ class GavelPolicy(PackedPolicy):
             n = self._count(job, current.get(job.id), opts)
             cands = sorted((g for (t, c), g in opts.items() if c == n), key=lambda g: -g.throughput)
             if job.id in current:
+                # a running job is offered only the types faster than its own: a move to a slower
+                # type lowers the objective unless it makes room for a newcomer, which admission
+                # (newcomers only take free GPUs) and the migration cap make rare
                 cur = current[job.id]
-                admitted[job.id] = [cur] + [g for g in cands if g.shape.gpu_type != cur.shape.gpu_type]
+                admitted[job.id] = [cur] + [g for g in cands if g.shape.gpu_type != cur.shape.gpu_type
+                                            and g.throughput > cur.throughput]
                 continue
             if not cands:
                 reasons[job.id] = "no feasible grid at its GPU count"
@@ -61,10 +65,11 @@ class GavelPolicy(PackedPolicy):
         return out, placements, reasons, stats
 
     def _types(self, snapshot, admitted, current, tentative) -> tuple[dict[str, Grid], SolverStats]:
-        jobs = list(admitted)
-        var: list[tuple[str, Grid]] = [(j, g) for j in jobs for g in admitted[j]]
+        # jobs with a single option are constants of the program: their GPUs leave the capacity
+        fixed = {j: opts[0] for j, opts in admitted.items() if len(opts) == 1}
+        var: list[tuple[str, Grid]] = [(j, g) for j, opts in admitted.items() if len(opts) > 1 for g in opts]
         if not var:
-            return {}, SolverStats(solver="highs", status="empty")
+            return fixed, SolverStats(solver="highs", status="nothing to choose")
         bp = BinaryProgram(len(var))
         by_job: dict[str, list[int]] = defaultdict(list)
         by_type: dict[str, list[int]] = defaultdict(list)
@@ -81,9 +86,11 @@ class GavelPolicy(PackedPolicy):
         cap = defaultdict(int)
         for p in self.cache.pools.values():
             cap[p.gpu_type] += p.num_gpus
+        for g in fixed.values():
+            cap[g.shape.gpu_type] -= g.node_units(g.pool[1])
         for t, idx in by_type.items():
             bp.add_row(idx, [var[i][1].node_units(var[i][1].pool[1]) for i in idx], hi=cap[t])
-        if stays:
+        if stays and len(stays) > self.max_migrations:
             bp.add_row(stays, 1.0, lo=len(stays) - self.max_migrations)
         res = bp.solve(self.time_limit_s)
         stats = SolverStats(solver="highs", status=res.status, objective=res.objective, bound=res.bound,
@@ -91,5 +98,5 @@ class GavelPolicy(PackedPolicy):
         if res.x is None:  # keep everyone where the admission put them
             stats.fallback = True
             return {**current, **tentative}, stats
-        return {var[i][0]: var[i][1] for i in range(len(var)) if res.x[i]}, stats
+        return {**fixed, **{var[i][0]: var[i][1] for i in range(len(var)) if res.x[i]}}, stats
 

@@ -8,7 +8,12 @@ Normalized goodput of a configuration is its throughput over the job's slowest f
 waiting jobs are admitted in submission order when their smallest configuration fits, admitted
 jobs are never preempted, and at most `max_migrations` running jobs change configuration per
 round. Restart factor (Sia): r = max((age - restarts * delay) / (age + delay), 0.01) with age the
-time since submission and delay the reconfiguration time of the new configuration."""
+time since submission and delay the reconfiguration time of the new configuration.
+
+For speed, a running job is offered only configurations that raise its utility, and only the
+`candidates x max_migrations` running jobs with the largest possible gain are variables of the
+program; the others keep their configuration as constants (shrinking a running job to grow a
+newcomer is not considered)."""
 
 from __future__ import annotations
 
@@ -24,9 +29,9 @@ class SiaPolicy(PackedPolicy):
     name = "sia"
 
     def __init__(self, estimator=None, reconfig=None, p: float = 0.5, clip: float = 3000.0, max_migrations: int = 5,
-                 time_limit_s: float = 10.0, mip_gap: float = 1e-3):
+                 candidates: int = 3, time_limit_s: float = 5.0, mip_gap: float = 1e-2):
         super().__init__(estimator, reconfig)
-        self.p, self.clip, self.max_migrations = p, clip, max_migrations
+        self.p, self.clip, self.max_migrations, self.candidates = p, clip, max_migrations, candidates
         self.time_limit_s, self.mip_gap = time_limit_s, mip_gap
         self._restarts: dict[str, int] = defaultdict(int)  # configuration changes this policy ordered
 
@@ -74,16 +79,34 @@ class SiaPolicy(PackedPolicy):
 
     def _solve(self, snapshot, admitted, current, tentative):
         jobs = {j.id: j for j in snapshot.jobs}
-        var: list[tuple[str, Grid]] = [(j, g) for j in admitted for g in admitted[j]]
+        base = {j: min(g.throughput for g in self.cache.options(jobs[j]).values()) for j in admitted}
+        for j in current:
+            if j in admitted:  # utility grows with throughput and r <= 1: only faster ones can improve
+                cur = admitted[j][0]
+                admitted[j] = [cur] + [g for g in admitted[j][1:] if g.throughput > cur.throughput]
+        util = {j: [self._utility(jobs[j], g, base[j], snapshot.time) for g in admitted[j]] for j in admitted}
+        # At most max_migrations running jobs change per round: only the running jobs with the largest
+        # possible gain (and only their improving configurations) are decided; the rest are constants.
+        gain = {}
+        for j in current:
+            if j in admitted:
+                u0 = util[j][0]  # the current configuration comes first
+                better = [k for k in range(1, len(util[j])) if util[j][k] > u0]
+                admitted[j] = [admitted[j][0]] + [admitted[j][k] for k in better]
+                util[j] = [u0] + [util[j][k] for k in better]
+                if better:
+                    gain[j] = max(util[j]) - u0
+        movable = set(sorted(gain, key=lambda j: (-gain[j], j))[: self.candidates * self.max_migrations])
+        fixed = {j: admitted[j][0] for j in current if j in admitted and j not in movable}
+        var = [(j, g, u) for j in admitted if j not in fixed for g, u in zip(admitted[j], util[j])]
         if not var:
-            return {}, SolverStats(solver="highs", status="empty")
+            return fixed, SolverStats(solver="highs", status="nothing to choose")
         bp = BinaryProgram(len(var))
         by_job: dict[str, list[int]] = defaultdict(list)
         by_type: dict[str, list[int]] = defaultdict(list)
         stays: list[int] = []
-        base = {j: min(g.throughput for g in self.cache.options(jobs[j]).values()) for j in admitted}
-        for i, (j, g) in enumerate(var):
-            bp.c[i] = self._utility(jobs[j], g, base[j], snapshot.time)
+        for i, (j, g, u) in enumerate(var):
+            bp.c[i] = u
             by_job[j].append(i)
             by_type[g.shape.gpu_type].append(i)
             if g.current:
@@ -93,9 +116,11 @@ class SiaPolicy(PackedPolicy):
         cap: dict[str, int] = defaultdict(int)
         for p in self.cache.pools.values():
             cap[p.gpu_type] += p.num_gpus
+        for g in fixed.values():
+            cap[g.shape.gpu_type] -= g.node_units(g.pool[1])
         for t, idx in by_type.items():
             bp.add_row(idx, [var[i][1].node_units(var[i][1].pool[1]) for i in idx], hi=cap[t])
-        if stays:
+        if len(stays) > self.max_migrations:
             bp.add_row(stays, 1.0, lo=len(stays) - self.max_migrations)
         res = bp.solve(self.time_limit_s, self.mip_gap)
         stats = SolverStats(solver="highs", status=res.status, objective=res.objective, bound=res.bound,
@@ -103,4 +128,4 @@ class SiaPolicy(PackedPolicy):
         if res.x is None:
             stats.fallback = True
             return {**current, **tentative}, stats
-        return {var[i][0]: var[i][1] for i in range(len(var)) if res.x[i]}, stats
+        return {**fixed, **{var[i][0]: var[i][1] for i in range(len(var)) if res.x[i]}}, stats

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from arena_opt.errors import InputError
 from arena_opt.policies import REGISTRY
-from arena_opt.sim.config import RunConfig, warm_plan_cache
+from arena_opt.sim.config import RunConfig, user_plan_cache, warm_plan_cache
 from arena_opt.sim.plots import plot_all
 from arena_opt.sim.results import markdown_table
 
@@ -35,8 +36,15 @@ def run_bench(base: RunConfig, policies: list[str], out_dir: str | Path, *, para
     out_dir.mkdir(parents=True, exist_ok=True)
     info: dict = {"policies": policies, "failed": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        cache = Path(tmp) / "plans.pkl"
+        cache = Path(tmp) / "plans.json"
         info["plan_warmup_s"] = warm_plan_cache(base, cache)
+        user = user_plan_cache()
+        if user is not None and cache.is_file():
+            try:  # the next bench or simulate on this machine starts warm
+                user.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(cache, user)
+            except OSError:
+                pass
         jobs = []
         for p in policies:
             cfg = base.model_copy(update={"policy": p, "plan_cache": str(cache)})

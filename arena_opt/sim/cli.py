@@ -45,12 +45,15 @@ def _config(args, policy: str):
     from arena_opt.sim.config import RunConfig
 
     iter_scale, stretch = (5, 5.0) if args.arena_scaling else (args.iter_scale, args.deadline_stretch)
+    from arena_opt.sim.config import user_plan_cache
+
+    cache = user_plan_cache()
     try:
         return RunConfig(trace=args.trace, cluster=args.cluster, policy=policy, perf_table=args.perf_table,
                          table_mode=args.table_mode, rounds=args.rounds, interval_s=args.interval,
                          reconfig=args.reconfig, iter_scale=iter_scale, deadline_stretch=stretch, noise=args.noise,
                          seed=args.seed, replan=args.replan, replan_on_ready=args.replan_on_ready,
-                         limit_jobs=args.limit_jobs)
+                         limit_jobs=args.limit_jobs, plan_cache=str(cache) if cache and cache.is_file() else None)
     except ValidationError as e:
         err = e.errors()[0]
         raise InputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']} (value {err.get('input')!r})") \
@@ -74,7 +77,8 @@ def cmd_simulate(args) -> int:
                   disable=args.quiet) as prog:
         task = prog.add_task("jobs", total=None)
         try:
-            out = run_config(cfg, lambda t, done, total: prog.update(task, completed=done, total=total))
+            out = run_config(cfg, lambda t, done, total: prog.update(task, completed=done, total=total),
+                             save_plans=user_plan_cache())
         except SimulationError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
@@ -111,7 +115,7 @@ def _summary(con, results: list[dict]) -> None:
     from arena_opt.sim.results import COLUMNS
 
     keep = ["policy", "finished", "avg JCT (s)", "p95 JCT (s)", "avg queue (s)", "avg thr (samples/s)",
-            "avg thr, rounds > 100 (samples/s)", "GPU util", "reconfigs/job", "deadlines met", "sim wall (s)"]
+            "avg thr, rounds > 100 (samples/s)", "GPU util", "reconfigs/job", "deadlines met", "sim wall / CPU (s)"]
     tab = Table()
     cols = [c for c in COLUMNS if c[0] in keep]
     for c in cols:

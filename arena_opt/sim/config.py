@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pickle
+import shutil
 import time
 from pathlib import Path
 from typing import Literal
@@ -35,7 +35,7 @@ class RunConfig(BaseModel):
     replan: Literal["auto", "events", "every-tick"] = "auto"
     replan_on_ready: bool = False
     limit_jobs: PositiveInt | None = None
-    plan_cache: str | None = Field(None, description="pickled planner cache to start from (bench warms it once)")
+    plan_cache: str | None = Field(None, description="plan cache file to start from (Planner.load_cache)")
 
 
 def load_inputs(cfg: RunConfig):
@@ -44,12 +44,11 @@ def load_inputs(cfg: RunConfig):
                        catalog=cluster.catalog, limit=cfg.limit_jobs)
     truth, estimate = make_estimators(cfg.perf_table, cfg.noise, cfg.seed, cfg.table_mode)
     if cfg.plan_cache:
-        with open(cfg.plan_cache, "rb") as f:
-            truth.planner._cache.update(pickle.load(f))
+        truth.planner.load_cache(cfg.plan_cache)  # the noisy estimate shares this planner
     return trace, cluster, truth, estimate
 
 
-def run_config(cfg: RunConfig, progress=None) -> dict:
+def run_config(cfg: RunConfig, progress=None, save_plans: str | Path | None = None) -> dict:
     t0 = time.perf_counter()
     trace, cluster, truth, estimate = load_inputs(cfg)
     opts = SimOptions(interval_s=cfg.interval_s, rounds=cfg.rounds, replan=cfg.replan,
@@ -58,12 +57,18 @@ def run_config(cfg: RunConfig, progress=None) -> dict:
                    progress=progress)
     out = result_dict(res, cfg.model_dump())
     out["total_wall_s"] = time.perf_counter() - t0
+    if save_plans is not None:
+        try:
+            truth.planner.save_cache(save_plans)
+        except OSError:
+            pass  # a read-only cache location only costs the next run its warm start
     return out
 
 
 def warm_plan_cache(cfg: RunConfig, path: str | Path) -> float:
-    """Plan every grid of every workload in the trace once and pickle the planner's cache, so that
-    policies run in separate processes do not each pay the cold planner. Returns seconds spent."""
+    """Plan every grid of every workload in the trace once (starting from `cfg.plan_cache`, e.g. the
+    user's plan cache) and write the plans to `path`, so that policies run in separate processes do
+    not each pay the cold planner. Returns the seconds spent."""
     from arena_opt.policies.common import GridCache
 
     t0 = time.perf_counter()
@@ -72,9 +77,17 @@ def warm_plan_cache(cfg: RunConfig, path: str | Path) -> float:
     cache.bind(cluster)
     for tj in trace:
         cache.options(tj.to_job())
-    with open(path, "wb") as f:
-        pickle.dump(truth.planner._cache, f)
+    truth.planner.save_cache(path)
+    if not Path(path).exists() and cfg.plan_cache and Path(cfg.plan_cache).is_file():
+        shutil.copyfile(cfg.plan_cache, path)  # nothing new was planned: the start cache has it all
     return time.perf_counter() - t0
+
+
+def user_plan_cache() -> Path | None:
+    """The lead's on-disk plan cache ($ARENA_OPT_CACHE, else ~/.cache/arena-opt/plans.json)."""
+    from arena_opt.cli import plan_cache_path
+
+    return plan_cache_path()
 
 
 def check_policy(name: str) -> None:

@@ -33,10 +33,15 @@ class Timeline:
         return cum[i] + v[i] * np.maximum(x - t[i], 0.0)
 
 
-def _edges(res: SimResult) -> np.ndarray:
-    """Round boundaries origin + k * interval; the last round may be cut short by the end."""
+def _edges(res: SimResult, max_bins: int | None = None) -> np.ndarray:
+    """Round boundaries origin + k * interval (the last round may be cut short by the end); with
+    `max_bins`, consecutive rounds are merged into at most that many bins."""
     interval = float(res.options["interval_s"])
     n = max(1, int(np.ceil((res.end - res.origin) / interval - 1e-9)))
+    if max_bins is not None and n > max_bins:
+        k = int(np.ceil(n / max_bins))
+        interval *= k
+        n = int(np.ceil(n / k))
     edges = res.origin + interval * np.arange(n + 1, dtype=float)
     edges[-1] = max(res.end, edges[-2] + 1e-9)
     return edges
@@ -119,15 +124,19 @@ def compute(res: SimResult) -> dict:
         "decision_s_p99": _pct(dec_wall, 99),
         "decision_s_max": float(dec_wall.max()) if len(dec_wall) else None,
         "decision_s_total": float(dec_wall.sum()),
+        "decision_cpu_s_total": float(sum(d.get("cpu_s", 0.0) for d in res.decisions)),
         "sim_wall_s": res.wall_s,
+        "sim_cpu_s": res.cpu_s,
     }
 
 
-def round_series(res: SimResult) -> dict[str, list[float]]:
-    """Per scheduling interval: mean throughput, queue length, running jobs and GPU utilization."""
+def round_series(res: SimResult, max_bins: int = 3000) -> dict[str, list[float]]:
+    """Per scheduling interval (merged into at most `max_bins` bins for long runs): mean throughput,
+    queue length, running jobs and GPU utilization."""
     tl = Timeline(res.timeline)
-    edges = _edges(res)
+    edges = _edges(res, max_bins)
     return {
+        "bin_s": float(edges[1] - edges[0]),
         "t_hours": ((edges[:-1] - res.origin) / 3600).tolist(),
         "throughput": tl.bin_means("throughput", edges).tolist(),
         "queue_len": tl.bin_means("waiting", edges).tolist(),

@@ -55,7 +55,7 @@ COLUMNS = [
     ("FTF mean / p95", "ftf_mean", lambda m: f"{_f(m['ftf_mean'], 2)} / {_f(m['ftf_p95'], 2)}"),
     ("decision s mean / p99 / max", "decision_s_mean",
      lambda m: f"{_f(m['decision_s_mean'], 3)} / {_f(m['decision_s_p99'], 3)} / {_f(m['decision_s_max'], 3)}"),
-    ("sim wall (s)", "sim_wall_s", lambda m: _f(m["sim_wall_s"], 1)),
+    ("sim wall / CPU (s)", "sim_wall_s", lambda m: f"{_f(m['sim_wall_s'], 1)} / {_f(m.get('sim_cpu_s'), 1)}"),
 ]
 
 

@@ -1,0 +1,209 @@
+"""On-disk profile database: measured per-layer costs and fitted link parameters, one JSON file.
+
+Format (`format = "arena-opt-profile"`, `version = 1`):
+
+    {
+      "format": "arena-opt-profile", "version": 1,
+      "models": [                                   # keyed by (model, device, dtype)
+        {"model": "gpt-350M@h64l4", "arch": {...},  # the exact architecture profiled
+         "device": "cpu", "device_name": "AMD EPYC ...", "dtype": "fp32", "threads": 1,
+         "torch": "2.13.0", "created": "2026-...Z", "clock": "thread", "warmup": 2, "repeats": 5,
+         "layers": [                                # one entry per distinct layer shape
+           {"indices": [1, 2, 3, 4], "kind": "block",
+            "samples": [                            # keyed by (tp, micro_batch)
+              {"tp": 1, "micro_batch": 2, "fwd_s": ..., "bwd_s": ..., "optim_s": ...,
+               "act_bytes": ..., "out_bytes": ..., "params": ...}]}]}],
+      "comm": [                                     # keyed by (device, backend, link, collective, group)
+        {"device": "cpu", "backend": "gloo", "link": "loopback", "collective": "all_reduce",
+         "group": 4, "alpha_s": ..., "bandwidth_bps": ..., "mean_rel_err": ...,
+         "points": [[group_size, bytes, seconds], ...]}]
+    }
+
+Times are medians in seconds for one micro-batch on one rank (`fwd_s`, `bwd_s` of the layer's
+shard under tp, `optim_s` one optimizer step of its parameters); `act_bytes` are the bytes autograd
+keeps for the backward pass, `out_bytes` the layer output (what a pipeline stage sends), `params`
+the parameters one tp rank holds. Files are JSON only (never pickle); a file of another format or
+version, or with a bad field, is rejected with the file, field and value in the message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+                      ValidationError, model_validator)
+
+from arena_opt.errors import InputError
+from arena_opt.perf.comm import COLLECTIVES, AlphaBeta, Collective
+from models.catalog import Arch
+
+FORMAT = "arena-opt-profile"
+VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LayerSample(_Strict):
+    tp: PositiveInt
+    micro_batch: PositiveInt
+    fwd_s: PositiveFloat
+    bwd_s: PositiveFloat
+    optim_s: NonNegativeFloat
+    act_bytes: NonNegativeInt
+    out_bytes: NonNegativeInt
+    params: NonNegativeInt
+
+
+class LayerProfile(_Strict):
+    indices: list[NonNegativeInt] = Field(min_length=1, description="layers of the table with this shape")
+    kind: str
+    samples: list[LayerSample] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "LayerProfile":
+        keys = [(s.tp, s.micro_batch) for s in self.samples]
+        if len(set(keys)) != len(keys):
+            raise ValueError("samples repeat a (tp, micro_batch) shape")
+        return self
+
+    def at(self, tp: int) -> list[LayerSample]:
+        return sorted((s for s in self.samples if s.tp == tp), key=lambda s: s.micro_batch)
+
+    @property
+    def tp_degrees(self) -> list[int]:
+        return sorted({s.tp for s in self.samples})
+
+
+class ModelProfile(_Strict):
+    model: str
+    arch: Arch
+    device: str = Field(description="'cpu' or 'cuda'")
+    device_name: str = ""
+    dtype: str = "fp32"
+    threads: PositiveInt = 1
+    torch: str = ""
+    created: str = ""
+    clock: Literal["wall", "thread"] = "wall"
+    warmup: NonNegativeInt = 0
+    repeats: PositiveInt = 1
+    layers: list[LayerProfile] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _cover(self) -> "ModelProfile":
+        from models.layers import layer_table
+
+        if self.arch.name != self.model:
+            raise ValueError(f"model {self.model!r} does not match arch.name {self.arch.name!r}")
+        n = layer_table(self.arch).num_layers
+        seen = sorted(i for lp in self.layers for i in lp.indices)
+        if seen != list(range(n)):
+            raise ValueError(f"layers must cover indices 0..{n - 1} of {self.model} exactly once")
+        return self
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.model, self.device, self.dtype)
+
+    def layer_of(self) -> list[LayerProfile]:
+        """The profile entry of every layer index."""
+        out: list[LayerProfile | None] = [None] * sum(len(lp.indices) for lp in self.layers)
+        for lp in self.layers:
+            for i in lp.indices:
+                out[i] = lp
+        return out  # type: ignore[return-value]
+
+    @property
+    def tp_degrees(self) -> list[int]:
+        """tp degrees measured for every layer."""
+        sets = [set(lp.tp_degrees) for lp in self.layers]
+        return sorted(set.intersection(*sets))
+
+
+class CommFit(_Strict):
+    device: str
+    backend: str
+    link: str = Field(description="link kind the points crossed: nvlink, pcie, infiniband, ethernet, loopback")
+    collective: Collective
+    group: PositiveInt | None = Field(None, description="fitted on this group size only; None = all group sizes "
+                                                        "through the ring algorithm's factors")
+    alpha_s: NonNegativeFloat
+    bandwidth_bps: PositiveFloat
+    mean_rel_err: NonNegativeFloat
+    points: list[tuple[PositiveInt, PositiveInt, PositiveFloat]] = Field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, str, str, str, int | None]:
+        return (self.device, self.backend, self.link, self.collective, self.group)
+
+    def alpha_beta(self) -> AlphaBeta:
+        return AlphaBeta(alpha_s=self.alpha_s, bandwidth_bps=self.bandwidth_bps)
+
+
+class ProfileDB(_Strict):
+    format: Literal["arena-opt-profile"] = FORMAT
+    version: Literal[1] = VERSION
+    models: list[ModelProfile] = Field(default_factory=list)
+    comm: list[CommFit] = Field(default_factory=list)
+
+    def model(self, name: str, device: str | None = None, dtype: str | None = None) -> ModelProfile | None:
+        for m in self.models:
+            if m.model == name and device in (None, m.device) and dtype in (None, m.dtype):
+                return m
+        return None
+
+    def put_model(self, prof: ModelProfile) -> None:
+        self.models = [m for m in self.models if m.key != prof.key] + [prof]
+
+    def put_comm(self, fit: CommFit) -> None:
+        self.comm = [c for c in self.comm if c.key != fit.key] + [fit]
+
+    def comm_fits(self, device: str, backend: str | None = None) -> dict[tuple[str, str, int | None], AlphaBeta]:
+        """(link, collective, group size or None) -> fitted alpha-beta for one device (and backend)."""
+        return {(c.link, c.collective, c.group): c.alpha_beta() for c in self.comm
+                if c.device == device and backend in (None, c.backend)}
+
+
+def load(path: str | Path) -> ProfileDB:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as e:
+        raise InputError(f"{path}: cannot read profile database: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not a JSON profile database: {e}") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise InputError(f"{path}: field format: expected {FORMAT!r} (value {got!r})")
+    if raw.get("version") != VERSION:
+        raise InputError(f"{path}: field version: this arena-opt reads profile version {VERSION} "
+                         f"(value {raw.get('version')!r}); re-run `arena-opt profile`")
+    try:
+        return ProfileDB.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        value = err.get("input")
+        shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+        raise InputError(f"{path}: field {loc}: {err['msg']} (value {shown})") from None
+
+
+def load_or_new(path: str | Path) -> ProfileDB:
+    return load(path) if Path(path).is_file() else ProfileDB()
+
+
+def save(db: ProfileDB, path: str | Path) -> None:
+    """Write atomically: a crash never leaves half a database."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
+    tmp.write_text(db.model_dump_json(indent=1) + "\n")
+    tmp.replace(path)
+
+
+__all__ = ["FORMAT", "VERSION", "CommFit", "LayerProfile", "LayerSample", "ModelProfile", "ProfileDB", "load",
+           "load_or_new", "save", "COLLECTIVES"]

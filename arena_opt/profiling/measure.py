@@ -1,0 +1,215 @@
+"""Direct measurement of plans end to end: the runners' real multi-process training step
+(`runners.parallelize`: DDP / FSDP2, DTensor tensor parallelism, 1F1B pipelining) on gloo (CPU) or
+NCCL (CUDA), one process per rank, all configurations of one world size in one launch.
+
+Each step is timed between two barriers on every rank (forward + backward of all micro-batches,
+gradient synchronisation, optimizer step); a step's time is the slowest rank's, and a plan's time
+is the median over the timed steps after warm-up. Over the timed steps the host's CPU time used by
+processes other than the ranks is recorded too (`ambient_cores`: cores busy with other work on
+average), the co-located load a load-aware estimate accounts for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from arena_opt.plan import Plan
+from models.catalog import Arch
+
+
+def host_busy_core_seconds() -> float | None:
+    """CPU time all processes of the host have used since boot (Linux /proc/stat), core-seconds."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _running_tasks(pids: list[int]) -> int:
+    n = 0
+    for pid in pids:
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    n += f.read().rsplit(")", 1)[1].split()[0] == "R"
+        except OSError:
+            continue
+    return n
+
+
+class RunQueueSampler:
+    """Average number of runnable tasks on the host that are not ours (/proc/stat procs_running
+    minus our processes' runnable threads and the sampler itself), sampled every `period_s`:
+    the demand of co-located work, which CPU time used cannot show once the host is saturated."""
+
+    def __init__(self, pids: list[int], period_s: float = 0.02):
+        import threading
+
+        self.pids, self.period_s = pids, period_s
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                with open("/proc/stat") as f:
+                    running = next(int(ln.split()[1]) for ln in f if ln.startswith("procs_running"))
+            except (OSError, StopIteration):
+                return
+            self.samples.append(max(0, running - 1 - _running_tasks(self.pids)))
+
+    def __enter__(self) -> "RunQueueSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+@dataclass(frozen=True)
+class Case:
+    arch: Arch
+    plan: Plan
+    batch: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmup: int, threads: int,
+            out_path: str, device: str) -> None:
+    """One rank: every case in order, the same on all ranks."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from models.torch_layers import synthetic_batch
+    from runners.parallelize import parallelize
+
+    torch.set_num_threads(threads)
+    dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world)
+    pids = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    results = []
+    for case in json.loads(cases_json):
+        arch, plan, batch = Arch.model_validate(case["arch"]), Plan.model_validate(case["plan"]), case["batch"]
+        pm = parallelize(arch, plan, dev, "ddp", seed=0)
+        opt = torch.optim.AdamW(pm.module.parameters(), lr=1e-4)
+        times = []
+        busy0 = cpu0 = wall0 = None
+        sampler = RunQueueSampler(pids)
+        for step in range(warmup + steps):
+            x, y = synthetic_batch(arch, step, batch)
+            dist.barrier()
+            if step == warmup:  # other tenants' CPU use over the timed steps: host busy time minus ours
+                busy0, cpu0, wall0 = host_busy_core_seconds(), time.process_time(), time.perf_counter()
+                if rank == 0:
+                    sampler.__enter__()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            pm.train_step(x, y)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            if step >= warmup:
+                times.append(float(dt))
+        if rank == 0:
+            sampler.__exit__()
+        ours = torch.tensor([time.process_time() - cpu0], dtype=torch.float64)
+        dist.all_reduce(ours)
+        busy1, wall = host_busy_core_seconds(), time.perf_counter() - wall0
+        ambient = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0 - float(ours)) / wall)
+        results.append({"plan": plan.model_dump(), "model": arch.name, "batch": batch, "times": times,
+                        "iter_s": statistics.median(times), "own_cpu_s": float(ours), "wall_s": wall,
+                        "ambient_cores": ambient, "ambient_runnable": sampler.mean})
+        del pm, opt
+        dist.barrier()
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def launch(module: str, world: int, args: list[str], timeout_s: float) -> None:
+    """Start `python -m module --rank r --world world ARGS` for every rank and wait for all; on a
+    failure or timeout the ranks still running are terminated (only the processes started here)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    procs = [subprocess.Popen([sys.executable, "-m", module, "--rank", str(r), "--world", str(world), *args],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    try:
+        errs = []
+        for p in procs:
+            _, err = p.communicate(timeout=timeout_s)
+            if p.returncode != 0:
+                errs.append(err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}")
+        if errs:
+            raise RuntimeError(f"{module}: a rank failed: {errs[0]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def measure(cases: list[Case], *, steps: int = 5, warmup: int = 2, threads: int = 1, device: str = "cpu",
+            timeout_s: float = 1800) -> list[dict]:
+    """Run every case (all of one world size) in one launch; returns one result dict per case."""
+    worlds = {c.plan.num_gpus for c in cases}
+    if len(worlds) != 1:
+        raise ValueError(f"cases of one launch must share a world size, got {sorted(worlds)}")
+    world = worlds.pop()
+    payload = json.dumps([{"arch": c.arch.model_dump(), "plan": c.plan.model_dump(), "batch": c.batch}
+                          for c in cases])
+    with tempfile.TemporaryDirectory() as d:
+        cases_path, out = os.path.join(d, "cases.json"), os.path.join(d, "results.json")
+        Path(cases_path).write_text(payload)
+        launch("arena_opt.profiling.measure", world,
+               ["--port", str(free_port()), "--cases", cases_path, "--steps", str(steps), "--warmup", str(warmup),
+                "--threads", str(threads), "--out", out, "--device", device], timeout_s)
+        return json.loads(Path(out).read_text())
+
+
+def _main() -> None:
+    ap = argparse.ArgumentParser()
+    for name, typ in (("--rank", int), ("--world", int), ("--port", int), ("--cases", str), ("--steps", int),
+                      ("--warmup", int), ("--threads", int), ("--out", str), ("--device", str)):
+        ap.add_argument(name, type=typ, required=True)
+    a = ap.parse_args()
+    _worker(a.rank, a.world, a.port, Path(a.cases).read_text(), a.steps, a.warmup, a.threads, a.out, a.device)
+
+
+if __name__ == "__main__":
+    _main()

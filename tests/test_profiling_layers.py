@@ -1,0 +1,47 @@
+"""The layer profiler on a tiny model: every layer covered once, shard shapes and memory that follow
+the tp degree and micro-batch, and `arena-opt profile` writing a loadable database."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from arena_opt.profiling import db as pdb  # noqa: E402
+from arena_opt.profiling.layers import distinct_layers, profile_model  # noqa: E402
+from models.catalog import get_arch  # noqa: E402
+from models.layers import layer_table  # noqa: E402
+from models.torch_layers import scaled_arch  # noqa: E402
+
+
+def test_distinct_layers_group_identical_rows():
+    arch = scaled_arch(get_arch("gpt-350M"), max_layers=3)
+    groups = distinct_layers(arch)
+    assert [k for k, _ in groups] == ["embed", "block", "head"]
+    assert groups[1][1] == [1, 2, 3]
+    wrn = scaled_arch(get_arch("wide_resnet-1B"))
+    assert sum(len(i) for _, i in distinct_layers(wrn)) == layer_table(wrn).num_layers
+
+
+@pytest.mark.parametrize("name", ["gpt-350M", "moe-690M", "wide_resnet-1B"])
+def test_profile_covers_layers_and_scales_with_shapes(name):
+    arch = scaled_arch(get_arch(name), max_layers=2)
+    tps = (1, 2) if arch.family != "wide_resnet" else (1,)
+    prof = profile_model(arch, micro_batches=(2, 8), tp_degrees=tps, warmup=0, repeats=1, progress=None)
+    assert prof.tp_degrees == list(tps)
+    assert [lp.kind for lp in prof.layer_of()] == list(layer_table(arch).kinds)
+    for lp in prof.layers:
+        s1, s4 = lp.at(1)  # micro-batches 2 and 8
+        assert s4.act_bytes > s1.act_bytes and s4.out_bytes == 4 * s1.out_bytes
+        if 2 in tps and lp.kind in ("block", "moe_block"):
+            assert lp.at(2)[0].params < s1.params  # the tp shard holds fewer parameters
+    pdb.ProfileDB(models=[prof])  # validates
+
+
+def test_profile_command_writes_a_database(tmp_path):
+    from arena_opt.cli import main
+
+    out = tmp_path / "p.json"
+    rc = main(["profile", "--model", "bert-350M", "--batch", "1,2", "--tp", "1,2", "--repeats", "1", "--warmup", "0",
+               "--max-layers", "2", "--quiet", "--out", str(out)])
+    assert rc == 0
+    db = pdb.load(out)
+    assert db.models[0].model.startswith("bert-350M@") and db.models[0].clock == "thread"
