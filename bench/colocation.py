@@ -115,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             other = (a, b)[1 - i]
             # the other job's ranks are ours, not background: remove them from the measured run queue
             bg_alone = alone_avg[key]["ambient_runnable"]
-            bg_together = max(0.0, (together[key]["ambient_runnable"] or 0.0)
-                              - cases[other].plan.num_gpus * min(1.0, jobs[1 - i].loads["cpu"].busy_s / jobs[1 - i].iter_s))
+            other_job = jobs[1 - i]
+            other_runnable = cases[other].plan.num_gpus * min(1.0, other_job.loads["cpu"].busy_s / other_job.iter_s)
+            bg_together = max(0.0, (together[key]["ambient_runnable"] or 0.0) - other_runnable)
             t_alone = co.alone_time(jobs[i], cap, {"cpu": bg_alone})
             t_together = co.iteration_times(jobs, cap, {"cpu": bg_together})[i]
             observed = together[key]["iter_s"] / alone_avg[key]["iter_s"]

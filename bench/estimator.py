@@ -175,7 +175,8 @@ def render(p: dict) -> str:
            f" ({m['cpus']} CPUs), Python {m['python']}. Table: `{p['table']}`, {p['rows']} rows with a time.\n",
            "Relative error = predicted / measured - 1. Leave-one-GPU-type-out: fitted on the other three "
            "types; the held-out type gets the shared compute efficiency times its data-sheet peak.\n",
-           block("Leave-one-type-out, reference plan space (16 micro-batches, rematerialization)", p["leave_one_type_out"]),
+           block("Leave-one-type-out, reference plan space (16 micro-batches, rematerialization)",
+                 p["leave_one_type_out"]),
            block("Leave-one-type-out, arena-opt planner (`PerfEstimator(table_mode='off').best`)",
                  p["leave_one_type_out_planner"],
                  "The planner searches its own micro-batch counts and recomputation, so it finds plans the "

@@ -185,3 +185,16 @@ def test_inline_architecture_and_catalog_override():
     slowed = {g.shape.gpu_type: g.throughput for g in enumerate_grids(snap2, est)[snap.jobs[1].id] if g.num_gpus == 1}
     assert slowed["a10"] < fast["a10"]  # the override reached the estimate
     check_decision(snap2, ArenaPolicy(estimator=est).decide(snap2))
+
+
+def test_candidate_pruning_keeps_running_jobs_and_explains_the_rest():
+    snap = generate_snapshot({"a100": (2, 4), "a40": (2, 2)}, 30, seed=11, models=TINY_MODELS, deadline_fraction=0)
+    full = ArenaPolicy(ArenaOptions(candidate_factor=None), estimator=EST).decide(snap)
+    pruned = ArenaPolicy(ArenaOptions(candidate_factor=1.0), estimator=EST).decide(snap)
+    check_decision(snap, pruned)
+    assert "left out" in pruned.stats.note
+    queued = [j for j in pruned.jobs if j.reason and j.reason.startswith("queued")]
+    assert queued
+    running = {j.id for j in snap.jobs if j.running}
+    assert not running & {j.job_id for j in queued}
+    assert pruned.stats.objective <= full.stats.objective + 1e-6

@@ -29,15 +29,16 @@ def test_round_trip_and_keys(tmp_path):
 
 @pytest.mark.parametrize("mutate, match", [
     (lambda r: r.update(version=99), r"field version: .*profile version 1 \(value 99\)"),
-    (lambda r: r.update(format="something-else"), r"field format: expected 'arena-opt-profile' \(value 'something-else'\)"),
+    (lambda r: r.update(format="something-else"),
+     r"field format: expected 'arena-opt-profile' \(value 'something-else'\)"),
     (lambda r: r["models"][0]["layers"][1]["samples"][0].update(fwd_s=-1.0),
      r"field models\.0\.layers\.1\.samples\.0\.fwd_s: .*greater than 0 \(value -1\.0\)"),
     (lambda r: r["models"][0]["layers"][1].update(indices=[1]), r"cover indices 0\.\.3"),
     (lambda r: r["models"][0].update(model="other"), r"does not match arch\.name"),
     (lambda r: r["models"][0]["layers"][0]["samples"].append(r["models"][0]["layers"][0]["samples"][0]),
      r"repeat a \(tp, micro_batch\)"),
-    (lambda r: r["comm"].append({"device": "cpu", "backend": "gloo", "link": "loopback", "collective": "broadcast", "alpha_s": 0,
-                                 "bandwidth_bps": 1, "mean_rel_err": 0}), r"field comm\.0\.collective"),
+    (lambda r: r["comm"].append({"device": "cpu", "backend": "gloo", "link": "loopback", "collective": "broadcast",
+                                 "alpha_s": 0, "bandwidth_bps": 1, "mean_rel_err": 0}), r"field comm\.0\.collective"),
 ])
 def test_bad_files_are_rejected_with_file_field_value(tmp_path, mutate, match):
     raw = json.loads(pdb.ProfileDB(models=[profile()]).model_dump_json())

@@ -31,6 +31,10 @@ class ArenaOptions(BaseModel):
     max_reconfigs_per_round: NonNegativeInt | None = Field(
         None, description="cap on running jobs reshaped, migrated or preempted in one round")
     max_gpus_per_job: PositiveInt = 16
+    candidate_factor: PositiveFloat | None = Field(
+        2.0, description="waiting jobs enter the MILP in order of value per GPU until their smallest grids "
+                         "add up to this many times the cluster's GPUs (running and deadline jobs always "
+                         "enter); the rest wait this round. None = every job enters")
     # --- solver ----------------------------------------------------------------------------
     time_limit_s: PositiveFloat = 10.0
     mip_gap: NonNegativeFloat = Field(0.01, description="relative gap; 1e-2 is 5-7x faster than 1e-3 "

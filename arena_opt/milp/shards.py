@@ -52,11 +52,13 @@ def split(p: ClusterProblem, shards: int, seed: int = 0) -> list[tuple[ClusterPr
     out = []
     for s, jobs in enumerate(members):
         jobs_arr = np.array(sorted(jobs), dtype=int)
-        out.append((_restrict(p, jobs_arr, s, shards), jobs_arr))
+        out.append((restrict(p, jobs_arr, s, shards), jobs_arr))
     return out
 
 
-def _restrict(p: ClusterProblem, jobs: np.ndarray, s: int, shards: int) -> ClusterProblem:
+def restrict(p: ClusterProblem, jobs: np.ndarray, s: int = 0, shards: int = 1) -> ClusterProblem:
+    """The sub-problem of `jobs` (original indices, sorted) on shard s of `shards` of the empty nodes,
+    with the nodes those jobs occupy."""
     new_j = {int(j): i for i, j in enumerate(jobs)}
     ks = np.array([k for k in range(len(p.grids)) if int(p.job_of[k]) in new_j], dtype=int)
     pools = {}

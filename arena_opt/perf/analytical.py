@@ -1,15 +1,16 @@
 """Analytical per-layer costs: FLOPs and bytes on each GPU type's roofline, collectives
 on the link they cross (alpha-beta), memory of mixed-precision Adam training.
 
-Every time is linear in a few rates (`RATE_NAMES`): a layer's forward pass is
+Every time is linear in a few rates (`RATE_NAMES`): a layer's forward pass on a micro-batch
+of b samples is
 
-    flops / (compute_eff * peak) + bytes / (mem_eff * mem_bw) + layer_overhead
+    (flops + saturation * flops / b) / (compute_eff * peak) + bytes / (mem_eff * mem_bw) + overhead
 
-(matrix products run at the compute roof, the element-wise operations around them at
-the memory roof: the per-operator roofline summed over a layer), and a collective is
-bytes / (comm_eff * bandwidth) + messages * alpha. `layer_terms` returns the
-coefficients of each rate, `LayerTerms.costs` multiplies them out; `calibrate`
-fits the rates to measured tables on these same coefficients.
+(matrix products run at the compute roof, the element-wise operations around them at the
+memory roof: the per-operator roofline summed over a layer; small micro-batches do not fill
+the GPU), and a collective is bytes / (link efficiency * bandwidth) + messages * alpha.
+`layer_terms` returns the coefficients of each rate, `LayerTerms.costs` multiplies them out;
+`calibrate` fits the rates to measured tables on these same coefficients.
 """
 
 from __future__ import annotations

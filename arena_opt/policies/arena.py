@@ -4,16 +4,41 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid, enumerate_grids
 from arena_opt.milp.greedy import greedy_select
 from arena_opt.milp.options import ArenaOptions
 from arena_opt.milp.problem import ClusterProblem, build_problem
-from arena_opt.milp.shards import merge, split
+from arena_opt.milp.shards import merge, restrict, split
 from arena_opt.milp.solve import SolveResult, solve_problem
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.policies.base import GridPolicy
 from arena_opt.snapshot import ClusterSnapshot
+
+
+def candidates(p: ClusterProblem, factor: float | None) -> np.ndarray | None:
+    """Jobs worth a place in the MILP, or None when all are (see ArenaOptions.candidate_factor)."""
+    if factor is None or not len(p.grids):
+        return None
+    total = sum(pi.gpus_per_node * (pi.empty_nodes + len(pi.occupied)) for pi in p.pools.values())
+    must = p.running | (p.deadline_need > 0)
+    density = np.full(p.num_jobs, -np.inf)
+    smallest = np.full(p.num_jobs, np.inf)
+    np.maximum.at(density, p.job_of, p.value / np.maximum(p.units, 1))
+    np.minimum.at(smallest, p.job_of, p.units.astype(float))
+    waiting = [j for j in np.argsort(-density, kind="stable") if not must[j] and np.isfinite(smallest[j])]
+    budget = factor * total - float(smallest[must & np.isfinite(smallest)].sum())
+    chosen = [j for j in range(p.num_jobs) if must[j]]
+    for j in waiting:
+        if budget <= 0:
+            break
+        chosen.append(j)
+        budget -= smallest[j]
+    if len(chosen) == p.num_jobs:
+        return None
+    return np.array(sorted(chosen), dtype=int)
 
 
 class ArenaPolicy(GridPolicy):
@@ -32,6 +57,12 @@ class ArenaPolicy(GridPolicy):
         t0 = time.perf_counter()
         p = self.problem(snapshot)
         t_grids = time.perf_counter() - t0
+        full, jobs, note = p, None, None
+        cand = candidates(p, o.candidate_factor)
+        if cand is not None:
+            jobs, p = cand, restrict(p, cand)
+            note = (f"{full.num_jobs - len(cand)} waiting jobs of lower value per GPU left out of the MILP "
+                    f"(candidate_factor {o.candidate_factor})")
         if o.shards > 1 and p.num_jobs >= 2 * o.shards:
             res = self._solve_sharded(p)
         else:
@@ -39,15 +70,21 @@ class ArenaPolicy(GridPolicy):
         stats = SolverStats(solver="highs", status=res.status, objective=res.objective, bound=res.bound,
                             gap=res.gap, build_s=t_grids + res.build_s, solve_s=res.solve_s,
                             shards=o.shards if o.shards > 1 and p.num_jobs >= 2 * o.shards else 1,
-                            num_grids=len(p.grids))
+                            num_grids=len(p.grids), note=note)
         sel = res.selection
         if sel is None:
             sel = greedy_select(p)
             stats.fallback = True
             stats.objective = p.objective(sel)
-            stats.note = f"solver returned no solution ({res.status}); greedy feasible decision used"
+            stats.note = "; ".join(filter(None, [note, f"solver returned no solution ({res.status}); greedy "
+                                                       f"feasible decision used"]))
         chosen: dict[str, Grid] = {p.job_ids[j]: p.grids[k] for j, k in sel.items()}
-        reasons = dict(p.waiting_reason)
+        reasons = dict(full.waiting_reason)
+        if jobs is not None:
+            kept = set(jobs.tolist())
+            for j in range(full.num_jobs):
+                if j not in kept and full.job_ids[j] not in reasons:
+                    reasons[full.job_ids[j]] = "queued: jobs of higher value per GPU already fill the cluster"
         return chosen, reasons, stats
 
     def _solve_sharded(self, p: ClusterProblem) -> SolveResult:

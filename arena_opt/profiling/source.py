@@ -63,8 +63,8 @@ class ProfileSource:
 
     def _comm(self, prof: ModelProfile, gpu: GpuSpec, links: Links) -> CommModel:
         fits = self.db.comm_fits("cuda")
-        defaults = {links.intra_kind: AlphaBeta(alpha_s=LINK_DEFAULTS[links.intra_kind].alpha_s,
-                                                bandwidth_bps=links.intra_bw * LINK_DEFAULTS[links.intra_kind].efficiency),
+        intra = LINK_DEFAULTS[links.intra_kind]
+        defaults = {links.intra_kind: AlphaBeta(alpha_s=intra.alpha_s, bandwidth_bps=links.intra_bw * intra.efficiency),
                     "network": AlphaBeta(alpha_s=LINK_DEFAULTS["ethernet"].alpha_s,
                                          bandwidth_bps=links.inter_bw * LINK_DEFAULTS["infiniband"].efficiency)}
         return CommModel(fits, defaults)
