@@ -198,3 +198,15 @@ def test_candidate_pruning_keeps_running_jobs_and_explains_the_rest():
     running = {j.id for j in snap.jobs if j.running}
     assert not running & {j.job_id for j in queued}
     assert pruned.stats.objective <= full.stats.objective + 1e-6
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pyomo_and_highspy_backends_agree(seed):
+    snap = tiny(20 + seed, jobs=6)
+    p = build_problem(snap, enumerate_grids(snap, EST), ArenaOptions())
+    a = solve_problem(p, time_limit_s=20, mip_gap=0.0, threads=1, backend="pyomo")
+    b = solve_problem(p, time_limit_s=20, mip_gap=0.0, threads=1, backend="highspy")
+    assert a.status == b.status == "optimal"
+    assert a.objective == pytest.approx(b.objective, rel=1e-7, abs=1e-7)
+    assert p.feasible(b.selection)
+    assert b.bound == pytest.approx(b.objective, rel=1e-6, abs=1e-6)

@@ -53,9 +53,10 @@ def test_fcfs_completion_times_exact(truth, node4):
     m = compute(res)
     assert m["finished"] == 3 and m["avg_jct_s"] == pytest.approx((1030 + 1370 + 1510) / 3, rel=1e-12)
     assert m["avg_queue_s"] == pytest.approx((0 + 1190 + 1180) / 3)
-    # the policy ran at t=0, 300 (B and C arrived), 1200 (A finished at 1030), 1500 (B at 1380) and
-    # 1800 (C at 1530): never in a round where nothing happened
-    assert [d["t"] for d in res.decisions] == [0, 300, 1200, 1500, 1800]
+    # the policy ran at t=0, 300 (B and C arrived), 1200 (A finished at 1030) and 1500 (B finished at
+    # 1380): never in a round where nothing happened, nor after the last job (C, 1530) left
+    assert [d["t"] for d in res.decisions] == [0, 300, 1200, 1500]
+    assert res.end == r["C"]["finish"]
 
 
 class Scripted(GridPolicy):

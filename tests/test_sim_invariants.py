@@ -59,9 +59,10 @@ def test_invariants(policy, seed, cluster, estimator):
     for jid, xs in seen.items():
         assert all(b <= a + 1e-9 for a, b in zip(xs, xs[1:])), f"{jid}: remaining went up: {xs}"
 
-    # run to completion: every job finished, nothing left
+    # run to completion: every job finished, nothing left, and the run ends with the last one
     assert not res.stalled
     assert all(j["status"] == "done" and j["remaining"] == 0 for j in res.jobs)
+    assert res.end == max(j["finish"] for j in res.jobs)
 
     # busy GPU-seconds of the cluster timeline == the sum of every job's allocation over time
     tl = Timeline(res.timeline)

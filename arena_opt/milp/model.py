@@ -1,109 +1,146 @@
-"""The level-1 MILP in Pyomo, built from a ClusterProblem (see problem.py for the packing argument).
+"""The level-1 MILP, built from a ClusterProblem (see problem.py for the packing argument).
 
     max  sum_k value_k x_k - sum_{j running} pen_j (1 - sum_{k in j} x_k) - sum_j dw_j slack_j / need_j
     s.t. sum_{k in j} x_k <= 1                                             one grid per job
          sum_{k in pool p, new, units_k >= s} units_k x_k
-             <= s*floor(G/s)*empty_p + sum_{b occupied} s w_{b,s}            for every pool p, size s
-         s w_{b,s} + sum_{j on b} gpus_{j,b} x_{cur(j)} <= G                 free capacity of occupied nodes
+             <= s*floor(G/s)*empty_p + sum_{b occupied} s*floor(free_b/s)    for every pool p, size s
+         s w_{b,s} + sum_{j on b} gpus_{j,b} x_{cur(j)} <= G                 nodes shared by running jobs
          sum_{k in j} tput_k x_k + slack_j >= need_j                        soft deadlines
          sum_{j running} (1 - x_{cur(j)}) <= max_reconfigs                  optional
+
+The rows are generated once (`level1_rows`) as plain sparse data; `to_pyomo` states them as a Pyomo
+model (the default path, solved through Pyomo's HiGHS interface) and `solve.py` can also hand the same
+rows to highspy directly, which skips Pyomo's per-expression overhead in the simulator's many rounds.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
-import pyomo.environ as pyo
+import numpy as np
 
 from arena_opt.milp.problem import ClusterProblem
 
 
-def build_model(p: ClusterProblem) -> pyo.ConcreteModel:
-    m = pyo.ConcreteModel(name="arena_level1")
-    K = range(len(p.grids))
-    m.K = pyo.Set(initialize=K)
-    m.x = pyo.Var(m.K, domain=pyo.Binary)
+@dataclass
+class LinearModel:
+    """max c.x subject to row_lo <= A x <= row_hi; x_k for k < num_grids are the grid binaries."""
 
+    num_grids: int
+    kinds: list[str] = field(default_factory=list)  # "B" binary, "I" integer >= 0, "C" continuous >= 0
+    obj: list[float] = field(default_factory=list)
+    rows: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    row_lo: list[float] = field(default_factory=list)
+    row_hi: list[float] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # row names, for reading a model dump
+
+    def add_var(self, kind: str, c: float = 0.0) -> int:
+        self.kinds.append(kind)
+        self.obj.append(c)
+        return len(self.kinds) - 1
+
+    def add_row(self, name: str, terms: dict[int, float], lo: float = -np.inf, hi: float = np.inf) -> None:
+        idx = [i for i, v in terms.items() if v != 0]
+        self.rows.append((idx, [terms[i] for i in idx]))
+        self.row_lo.append(lo)
+        self.row_hi.append(hi)
+        self.names.append(name)
+
+
+def level1_rows(p: ClusterProblem) -> LinearModel:
+    K = len(p.grids)
+    lm = LinearModel(num_grids=K)
     by_job: dict[int, list[int]] = defaultdict(list)
     for k, j in enumerate(p.job_of):
         by_job[int(j)].append(k)
-    m.J = pyo.Set(initialize=sorted(by_job))
-    m.one_grid = pyo.Constraint(m.J, rule=lambda m, j: sum(m.x[k] for k in by_job[j]) <= 1)
+    run_jobs = [j for j in range(p.num_jobs) if p.running[j]]
+    # preemption penalty: the selection-dependent part; its constant lives in model_constant
+    bonus = np.zeros(K)
+    for j in run_jobs:
+        bonus[by_job.get(j, [])] = p.preempt_penalty[j]
+    for k in range(K):
+        lm.add_var("B", float(p.value[k] + bonus[k]))
+    for j in sorted(by_job):
+        lm.add_row(f"one_grid[{p.job_ids[j]}]", {k: 1.0 for k in by_job[j]}, hi=1.0)
 
-    cur_of = {int(p.job_of[k]): k for k in K if p.current[k]}
+    cur_of = {int(p.job_of[k]): k for k in range(K) if p.current[k]}
 
     # Packing. A node held by one running job j (g GPUs) has s*floor(free/s) = s*floor(G/s) when j moves and
     # s*floor((G-g)/s) when j stays: linear in x[cur(j)], no variable needed. Nodes shared by several running
     # jobs get one integer w[b, s] = floor(free/s) per threshold.
-    shared = [(key, nid, s) for key, pi in p.pools.items() for nid, users in pi.occupied.items()
-              if len(users) > 1 for s in pi.thresholds]
-    m.W = pyo.Set(initialize=range(len(shared)))
-    m.w = pyo.Var(m.W, domain=pyo.NonNegativeIntegers)
-    w_index = {t: i for i, t in enumerate(shared)}
-
-    def node_rule(m, i):
-        key, nid, s = shared[i]
-        pi = p.pools[key]
-        kept = sum(g * m.x[cur_of[j]] for j, g in pi.occupied[nid] if j in cur_of)
-        return s * m.w[i] + kept <= pi.gpus_per_node
-
-    m.node_free = pyo.Constraint(m.W, rule=node_rule)
+    w_of: dict[tuple, int] = {}
+    for key, pi in p.pools.items():
+        for nid, users in pi.occupied.items():
+            if len(users) < 2:
+                continue
+            kept = {cur_of[j]: float(g) for j, g in users if j in cur_of}
+            for s in pi.thresholds:
+                w = w_of[(key, nid, s)] = lm.add_var("I")
+                lm.add_row(f"node_free[{nid},{s}]", {w: float(s), **kept}, hi=float(pi.gpus_per_node))
 
     new_by_pool: dict[tuple, list[int]] = defaultdict(list)
-    for k in K:
+    for k in range(K):
         if not p.current[k]:
             new_by_pool[p.pool_of[k]].append(k)
-    pack = [(key, s) for key, pi in p.pools.items() for s in pi.thresholds
-            if any(p.units[k] >= s for k in new_by_pool[key])]
-    m.P = pyo.Set(initialize=range(len(pack)))
-
-    def pack_rule(m, i):
-        key, s = pack[i]
-        pi = p.pools[key]
+    for key, pi in p.pools.items():
         G = pi.gpus_per_node
-        full = s * (G // s)
-        lhs = sum(int(p.units[k]) * m.x[k] for k in new_by_pool[key] if p.units[k] >= s)
-        const = full * pi.empty_nodes
-        freed: dict[int, int] = defaultdict(int)  # job -> capacity it holds at this threshold while it stays
-        shared_w = []
-        for nid, users in pi.occupied.items():
-            if len(users) > 1:
-                shared_w.append(s * m.w[w_index[(key, nid, s)]])
+        for s in pi.thresholds:
+            items = [k for k in new_by_pool[key] if p.units[k] >= s]
+            if not items:
                 continue
-            (j, g), = users
-            const += full
-            held = full - s * ((G - g) // s)
-            if j in cur_of and held:  # a running job without a current grid cannot stay: node is free
-                freed[j] += held
-        rhs = const - sum(h * m.x[cur_of[j]] for j, h in freed.items()) + sum(shared_w)
-        return lhs <= rhs
+            full = s * (G // s)
+            terms: dict[int, float] = {k: float(p.units[k]) for k in items}
+            const = float(full * pi.empty_nodes)
+            for nid, users in pi.occupied.items():
+                if len(users) > 1:
+                    terms[w_of[(key, nid, s)]] = -float(s)
+                    continue
+                (j, g), = users
+                const += full
+                held = full - s * ((G - g) // s)
+                if j in cur_of and held:  # a running job without a current grid cannot stay: node is free
+                    terms[cur_of[j]] = terms.get(cur_of[j], 0.0) + float(held)
+            lm.add_row(f"pack[{key[0]},{key[1]},{s}]", terms, hi=const)
 
-    m.pack = pyo.Constraint(m.P, rule=pack_rule)
+    for j in range(p.num_jobs):
+        if p.deadline_need[j] > 0 and j in by_job:
+            sl = lm.add_var("C", -float(p.deadline_weight[j] / p.deadline_need[j]))
+            lm.add_row(f"deadline[{p.job_ids[j]}]", {**{k: float(p.throughput[k]) for k in by_job[j]}, sl: 1.0},
+                       lo=float(p.deadline_need[j]))
 
-    dl = [j for j in range(p.num_jobs) if p.deadline_need[j] > 0 and j in by_job]
-    m.D = pyo.Set(initialize=dl)
-    m.slack = pyo.Var(m.D, domain=pyo.NonNegativeReals)
-    m.deadline = pyo.Constraint(m.D, rule=lambda m, j: sum(float(p.throughput[k]) * m.x[k] for k in by_job[j])
-                                + m.slack[j] >= float(p.deadline_need[j]))
+    if p.max_reconfigs is not None and run_jobs:
+        kept = {cur_of[j]: -1.0 for j in run_jobs if j in cur_of}
+        lm.add_row("reconfigs", kept, hi=float(p.max_reconfigs - len(run_jobs)))
+    return lm
 
-    run_cur = [j for j in range(p.num_jobs) if p.running[j]]
-    if p.max_reconfigs is not None and run_cur:
-        m.reconf = pyo.Constraint(expr=sum(1 - (m.x[cur_of[j]] if j in cur_of else 0) for j in run_cur)
-                                  <= p.max_reconfigs)
 
-    obj = sum(float(p.value[k]) * m.x[k] for k in K)
-    # preemption penalty: constant part left out, the selection-dependent part kept
-    obj += sum(float(p.preempt_penalty[j]) * m.x[k] for j in run_cur for k in by_job.get(j, []))
-    obj -= sum(float(p.deadline_weight[j] / p.deadline_need[j]) * m.slack[j] for j in dl)
-    m.obj = pyo.Objective(expr=obj, sense=pyo.maximize)
-    m._pack_index = pack
+def to_pyomo(lm: LinearModel):
+    import pyomo.environ as pyo
+
+    m = pyo.ConcreteModel(name="arena_level1")
+    domain = {"B": pyo.Binary, "I": pyo.NonNegativeIntegers, "C": pyo.NonNegativeReals}
+    m.V = pyo.Set(initialize=range(len(lm.kinds)))
+    m.v = pyo.Var(m.V, domain=lambda mm, i: domain[lm.kinds[i]])
+    m.R = pyo.Set(initialize=range(len(lm.rows)))
+
+    def row(mm, r):
+        idx, vals = lm.rows[r]
+        body = pyo.quicksum((c * mm.v[i] for i, c in zip(idx, vals)), linear=True)
+        lo = None if lm.row_lo[r] == -np.inf else lm.row_lo[r]
+        hi = None if lm.row_hi[r] == np.inf else lm.row_hi[r]
+        return (lo, body, hi)
+
+    m.rows = pyo.Constraint(m.R, rule=row)
+    m.obj = pyo.Objective(expr=pyo.quicksum((c * m.v[i] for i, c in enumerate(lm.obj) if c), linear=True),
+                          sense=pyo.maximize)
     return m
 
 
-def selection(m: pyo.ConcreteModel, p: ClusterProblem) -> dict[int, int]:
+def selection_from(values, p: ClusterProblem) -> dict[int, int]:
     sel = {}
-    for k in m.K:
-        v = m.x[k].value
+    for k in range(len(p.grids)):
+        v = values[k]
         if v is not None and v > 0.5:
             sel[int(p.job_of[k])] = int(k)
     return sel
@@ -111,5 +148,4 @@ def selection(m: pyo.ConcreteModel, p: ClusterProblem) -> dict[int, int]:
 
 def model_constant(p: ClusterProblem) -> float:
     """What the model's objective leaves out: add to its objective to get `ClusterProblem.objective`."""
-    run = [j for j in range(p.num_jobs) if p.running[j]]
-    return -float(sum(p.preempt_penalty[j] for j in run))
+    return -float(sum(p.preempt_penalty[j] for j in range(p.num_jobs) if p.running[j]))

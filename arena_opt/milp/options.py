@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from arena_opt.reconfig import PRESETS, ReconfigModel
@@ -41,4 +43,7 @@ class ArenaOptions(BaseModel):
                                                         "at 1,000 jobs for 0.6% objective (shared/MEASURED.md)")
     threads: PositiveInt = Field(1, description="HiGHS threads; fixed per process after the first solve")
     shards: PositiveInt = Field(1, description="split level 1 into this many independent job/node shards")
+    backend: Literal["pyomo", "highspy"] = Field(
+        "pyomo", description="pyomo: the model is built and solved through Pyomo; highspy: the same rows go to "
+                             "HiGHS as arrays (less overhead per round, for long simulations)")
     seed: int = 0

@@ -15,6 +15,7 @@ from arena_opt.milp.shards import merge, restrict, split
 from arena_opt.milp.solve import SolveResult, solve_problem
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.policies.base import GridPolicy
+from arena_opt.reconfig import ReconfigModel
 from arena_opt.snapshot import ClusterSnapshot
 
 
@@ -44,9 +45,12 @@ def candidates(p: ClusterProblem, factor: float | None) -> np.ndarray | None:
 class ArenaPolicy(GridPolicy):
     name = "arena"
 
-    def __init__(self, options: ArenaOptions | dict | None = None, estimator: PerfEstimator | None = None):
+    def __init__(self, options: ArenaOptions | dict | None = None, estimator: PerfEstimator | None = None,
+                 reconfig: ReconfigModel | None = None):
         super().__init__(estimator)
         self.options = options if isinstance(options, ArenaOptions) else ArenaOptions(**(options or {}))
+        if reconfig is not None:  # the restart model of the cluster it runs on (e.g. a simulator preset)
+            self.options = self.options.model_copy(update={"reconfig": reconfig})
 
     def problem(self, snapshot: ClusterSnapshot) -> ClusterProblem:
         grids = enumerate_grids(snapshot, self.estimator, max_gpus_default=self.options.max_gpus_per_job)
@@ -66,8 +70,8 @@ class ArenaPolicy(GridPolicy):
         if o.shards > 1 and p.num_jobs >= 2 * o.shards:
             res = self._solve_sharded(p)
         else:
-            res = solve_problem(p, time_limit_s=o.time_limit_s, mip_gap=o.mip_gap, threads=o.threads)
-        stats = SolverStats(solver="highs", status=res.status, objective=res.objective, bound=res.bound,
+            res = solve_problem(p, time_limit_s=o.time_limit_s, mip_gap=o.mip_gap, threads=o.threads, backend=o.backend)
+        stats = SolverStats(solver=f"highs via {o.backend}", status=res.status, objective=res.objective, bound=res.bound,
                             gap=res.gap, build_s=t_grids + res.build_s, solve_s=res.solve_s,
                             shards=o.shards if o.shards > 1 and p.num_jobs >= 2 * o.shards else 1,
                             num_grids=len(p.grids), note=note)
@@ -91,7 +95,8 @@ class ArenaPolicy(GridPolicy):
         o = self.options
         parts, build, solve, statuses = [], 0.0, 0.0, []
         for sub, jobs in split(p, o.shards, o.seed):
-            r = solve_problem(sub, time_limit_s=o.time_limit_s / o.shards, mip_gap=o.mip_gap, threads=o.threads)
+            r = solve_problem(sub, time_limit_s=o.time_limit_s / o.shards, mip_gap=o.mip_gap, threads=o.threads,
+                              backend=o.backend)
             build += r.build_s
             solve += r.solve_s
             statuses.append(r.status)

@@ -43,42 +43,41 @@ class ArenaGreedyPolicy(PackedPolicy):
         blocked: set[str] = set()  # GPU types on which an earlier job waits
         failed_search: set[str] = set()
         searches = 0
+        pack.mark()  # the building blocks try changes and roll back the ones that do not work
         for job in fifo([j for j in snapshot.jobs if j.id not in alloc]):
-            opts = self.cache.options(job)
             target = self.requested(job)
             if target is None:
                 reasons[job.id] = "no feasible grid on this cluster"
                 continue
             t = target.shape.gpu_type
-            placed = self._fit(pack, job.id, target)
-            if placed is None:
-                placed = self._consolidate(pack, job.id, target)
-            if placed is None and t not in failed_search and searches < self.max_searches:
+            grid = self._fit(pack, job.id, target)
+            if grid is None:
+                grid = self._consolidate(pack, job.id, target)
+            if grid is None and t not in failed_search and searches < self.max_searches:
                 searches += 1
-                placed = self._search(pack, job, target, opts)
-                if placed is None:
+                grid = self._search(pack, job, target)
+                if grid is None:
                     failed_search.add(t)
-            if placed is None:
-                placed = self._preempt_later(pack, job, target, reasons)
-            if placed is None:
+            if grid is None:
+                grid = self._preempt_later(pack, job, target, reasons)
+            if grid is None:
                 blocked.add(t)
                 reasons[job.id] = f"{target.num_gpus} x {t} not available (waits first in line for {t})"
                 continue
-            pack, grid = placed
             alloc[job.id] = grid
-        pack = self._upgrades(pack, blocked)
+        self._upgrades(pack, blocked)
         placements = {j: pack.where[j] for j in alloc}
         chosen = {j: self._flag(j, g, placements[j], held.get(j)) for j, g in alloc.items()}
         return chosen, placements, reasons, SolverStats(solver="greedy", status="ok", note=f"{searches} searches")
 
-    # ---- building blocks; each returns a new Packing (the input is left untouched) ---------------
-    def _fit(self, pack: Packing, jid: str, grid: Grid):
+    # ---- building blocks: each changes `pack` in place on success and leaves it as it was otherwise ----
+    @staticmethod
+    def _fit(pack: Packing, jid: str, grid: Grid) -> Grid | None:
         pl = pack.find(grid)
         if pl is None:
             return None
-        new = pack.copy()
-        new.hold(jid, pl)
-        return new, grid
+        pack.hold(jid, pl)
+        return grid
 
     def _consolidate(self, pack: Packing, jid: str, grid: Grid, changed: dict[str, Grid] | None = None):
         """Clear the cheapest node(s) of the grid's pool by migrating their sub-node jobs elsewhere.
@@ -102,11 +101,10 @@ class ArenaGreedyPolicy(PackedPolicy):
         else:
             tries = [[nid] for cost, nid in cands if cost > 0][:4]
         for target_nodes in tries:
-            new = pack.copy()
-            evict = sorted({j for n in target_nodes for j in new.jobs_on(n)}, key=lambda j: (-alloc[j].num_gpus, j))
+            m = pack.mark()
+            evict = sorted({j for n in target_nodes for j in pack.jobs_on(n)}, key=lambda j: (-alloc[j].num_gpus, j))
             if not grid.multi_node:  # move the fewest jobs: largest first, until the job fits
-                n0 = target_nodes[0]
-                free = new.free_count[key][new.node_pos[n0]]
+                free = pack.free_count[key][pack.node_pos[target_nodes[0]]]
                 keep = []
                 for j in evict:
                     if free >= need:
@@ -115,22 +113,22 @@ class ArenaGreedyPolicy(PackedPolicy):
                         free += alloc[j].num_gpus
                 evict = [j for j in evict if j not in keep]
             for j in evict:
-                new.release(j)
-            new.hold(jid, {n: new.gpus_free(n)[: grid.shape.gpus_per_node if grid.multi_node else grid.num_gpus]
-                           for n in target_nodes})
+                pack.release(j)
+            per = grid.shape.gpus_per_node if grid.multi_node else grid.num_gpus
+            pack.hold(jid, {n: pack.gpus_free(n)[:per] for n in target_nodes})
             ok = True
             for j in evict:
-                g = alloc[j]
-                pl = new.find(g)
+                pl = pack.find(alloc[j])
                 if pl is None:
                     ok = False
                     break
-                new.hold(j, pl)
+                pack.hold(j, pl)
             if ok:
-                return new, grid
+                return grid
+            pack.rollback(m)
         return None
 
-    def _mods(self, pack: Packing, job, target: Grid, opts) -> list[tuple[float, str, Grid]]:
+    def _mods(self, pack: Packing, job, target: Grid) -> list[tuple[float, str, Grid]]:
         """Candidate modifications (throughput lost, job, its new grid), cheapest first."""
         out: list[tuple[float, str, Grid]] = []
         t = target.shape.gpu_type
@@ -144,35 +142,35 @@ class ArenaGreedyPolicy(PackedPolicy):
             for (t2, c), g2 in jo.items():
                 if t2 != t and c == g.num_gpus and pack.find(g2) is not None:
                     out.append((g.throughput - g2.throughput, j, g2))
-        half = opts.get((t, target.num_gpus // 2)) if target.num_gpus > 1 else None
+        half = self.cache.options(job).get((t, target.num_gpus // 2)) if target.num_gpus > 1 else None
         if half is not None:
             out.append((target.throughput - half.throughput, job.id, half))
         out.sort(key=lambda m: (m[0], m[1]))
         return out[: self.breadth]
 
-    def _search(self, pack: Packing, job, target: Grid, opts):
-        mods = self._mods(pack, job, target, opts)
+    def _search(self, pack: Packing, job, target: Grid) -> Grid | None:
+        mods = self._mods(pack, job, target)
         best = None
         for d in range(1, self.depth + 1):
             for combo in combinations(mods, d):
                 if len({m[1] for m in combo}) < d:
                     continue
+                m = pack.mark()
                 res = self._apply_mods(pack, job.id, target, combo)
-                if res is None:
-                    continue
-                new, grid, gain = res
-                if best is None or gain > best[2]:
-                    best = (new, grid, gain, combo)
+                pack.rollback(m)
+                if res is not None and (best is None or res[1] > best[1]):
+                    best = (combo, res[1])
         if best is None:
             return None
-        new, grid, _, combo = best
-        for _, j, g in combo:
+        grid, _ = self._apply_mods(pack, job.id, target, best[0])  # replay the winner for real
+        for _, j, g in best[0]:
             if j != job.id:
                 self.alloc[j] = g
-        return new, grid
+        return grid
 
-    def _apply_mods(self, pack: Packing, jid: str, target: Grid, combo):
-        new = pack.copy()
+    def _apply_mods(self, pack: Packing, jid: str, target: Grid, combo) -> tuple[Grid, float] | None:
+        """Apply a set of modifications and place the job; (its grid, total throughput gain) or None
+        (then `pack` may be half changed: the caller rolls back)."""
         grid, lost = target, 0.0
         changed: dict[str, Grid] = {}
         for loss, j, g in combo:
@@ -180,44 +178,35 @@ class ArenaGreedyPolicy(PackedPolicy):
             if j == jid:
                 grid = g
                 continue
-            old = new.release(j)
-            pl = new.find(g, old)
+            old = pack.release(j)
+            pl = pack.find(g, old)
             if pl is None:
                 return None
-            new.hold(j, pl)
+            pack.hold(j, pl)
             changed[j] = g
-        pl = new.find(grid)
-        if pl is None:
-            res = self._consolidate(new, jid, grid, changed)
-            if res is None:
-                return None
-            new = res[0]
-        else:
-            new.hold(jid, pl)
-        return new, grid, grid.throughput - lost
+        if self._fit(pack, jid, grid) is None and self._consolidate(pack, jid, grid, changed) is None:
+            return None
+        return grid, grid.throughput - lost
 
-    def _preempt_later(self, pack: Packing, job, target: Grid, reasons: dict[str, str]):
+    def _preempt_later(self, pack: Packing, job, target: Grid, reasons: dict[str, str]) -> Grid | None:
         """Preempt jobs submitted after this one on the wanted pool, latest first, if that lets it start."""
         victims = sorted((j for j, g in self.alloc.items()
                           if g.pool == target.pool and self.jobs[j].submit_time > job.submit_time),
                          key=lambda j: (-self.jobs[j].submit_time, j))
         if not victims:
             return None
-        new = pack.copy()
-        freed = []
-        for v in victims:
-            new.release(v)
-            freed.append(v)
-            pl = new.find(target)
-            if pl is not None:
-                new.hold(job.id, pl)
-                for f in freed:
+        m = pack.mark()
+        for k, v in enumerate(victims):
+            pack.release(v)
+            if self._fit(pack, job.id, target) is not None:
+                for f in victims[: k + 1]:
                     del self.alloc[f]
                     reasons[f] = f"preempted: earlier job {job.id} takes its GPUs"
-                return new, target
+                return target
+        pack.rollback(m)
         return None
 
-    def _upgrades(self, pack: Packing, blocked: set[str]) -> Packing:
+    def _upgrades(self, pack: Packing, blocked: set[str]) -> None:
         for _ in range(self.max_upgrades):
             best = None
             for j, g in self.alloc.items():
@@ -233,18 +222,17 @@ class ArenaGreedyPolicy(PackedPolicy):
                     gain = g2.throughput - g.throughput
                     if gain <= 0 or (best is not None and gain <= best[0]):
                         continue
-                    trial = pack.copy()
-                    old = trial.release(j)
-                    pl = trial.find(g2, old)
-                    if pl is None:
-                        continue
-                    trial.hold(j, pl)
-                    best = (gain, j, g2, trial)
+                    old = pack.release(j)  # would it fit with the job's own GPUs given back?
+                    fits = pack.find(g2, old) is not None
+                    pack.hold(j, old)
+                    if fits:
+                        best = (gain, j, g2)
             if best is None:
-                break
-            _, j, g2, pack = best
+                return
+            _, j, g2 = best
+            old = pack.release(j)
+            pack.hold(j, pack.find(g2, old))
             self.alloc[j] = g2
-        return pack
 
     def _flag(self, jid: str, grid: Grid, placement: Placement, prev: Placement | None) -> Grid:
         """A job left on exactly its old GPUs with its old grid keeps running (`current`); a job that

@@ -148,6 +148,7 @@ class Packing:
         self.free: dict[str, list[int]] = {}  # free GPU indices of the nodes touched so far (see gpus_free)
         self.where: dict[str, Placement] = {}
         self.node_jobs: dict[str, set[str]] = {}
+        self._journal: list[tuple[str, str, Placement]] | None = None
         for jid, pl in (held or {}).items():
             for nid, gpus in pl.items():
                 fl = self.gpus_free(nid)
@@ -172,7 +173,24 @@ class Packing:
         c.free = {k: v[:] for k, v in self.free.items()}
         c.where = dict(self.where)
         c.node_jobs = {k: set(v) for k, v in self.node_jobs.items() if v}
+        c._journal = None
         return c
+
+    def mark(self) -> int:
+        """Start (or continue) recording holds and releases; `rollback(mark)` undoes those after it."""
+        if self._journal is None:
+            self._journal = []
+        return len(self._journal)
+
+    def rollback(self, mark: int) -> None:
+        journal, self._journal = self._journal, None  # undo without recording
+        while len(journal) > mark:
+            op, jid, pl = journal.pop()
+            if op == "hold":
+                self.release(jid)
+            else:
+                self.hold(jid, pl)
+        self._journal = journal
 
     def jobs_on(self, nid: str) -> set[str]:
         return self.node_jobs.get(nid, set())
@@ -192,6 +210,8 @@ class Packing:
             self.free_count[self.node_pool[nid]][self.node_pos[nid]] -= len(gpus)
             self.node_jobs.setdefault(nid, set()).add(job_id)
         self.where[job_id] = placement
+        if self._journal is not None:
+            self._journal.append(("hold", job_id, placement))
 
     def release(self, job_id: str) -> Placement | None:
         placement = self.where.pop(job_id, None)
@@ -201,6 +221,8 @@ class Packing:
             self.free[nid] = sorted(self.gpus_free(nid) + list(gpus))
             self.free_count[self.node_pool[nid]][self.node_pos[nid]] += len(gpus)
             self.node_jobs[nid].discard(job_id)
+        if self._journal is not None:
+            self._journal.append(("release", job_id, placement))
         return placement
 
     def find(self, grid: Grid, prev: Placement | None = None) -> Placement | None:

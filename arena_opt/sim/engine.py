@@ -126,6 +126,8 @@ class Simulator:
         while True:
             te = self.heap[0][0] if self.heap else math.inf
             tt = math.inf
+            if not self.active:
+                dirty_t = None  # nothing to decide for
             if dirty_t is not None or (self.every_tick and self.active):
                 k = max(k_last + 1, math.ceil((max(dirty_t if dirty_t is not None else self.t, self.t) - origin)
                                               / opt.interval_s - _EPS))
@@ -136,7 +138,10 @@ class Simulator:
                 if te > end or te == math.inf:
                     break
                 ev = heapq.heappop(self.heap)
-                if self._handle(ev):
+                changed = self._handle(ev)
+                if changed is None:
+                    continue  # superseded by a later decision
+                if changed:
                     dirty_t = ev[0] if dirty_t is None else dirty_t
                 self._record()
             else:
@@ -165,15 +170,16 @@ class Simulator:
         self.seq += 1
         heapq.heappush(self.heap, (t, kind, self.seq, index, version))
 
-    def _handle(self, ev: tuple) -> bool:
-        """Process one event; True when it changes what a policy would see."""
+    def _handle(self, ev: tuple) -> bool | None:
+        """Process one event: True when it changes what a policy would see, None when a later
+        decision superseded it."""
         t, kind, _, index, version = ev
         sj = self.jobs[index]
+        if kind != ARRIVAL and (version != sj.version or sj.status != RUNNING):
+            return None
         self.t = t
         if kind == ARRIVAL:
             return self._arrive(sj, t)
-        if version != sj.version or sj.status != RUNNING:
-            return False  # superseded by a later decision
         if kind == COMPLETION:
             self._complete(sj, t)
             return True
