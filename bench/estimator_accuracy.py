@@ -35,7 +35,7 @@ from arena_opt.profiling import commbench
 from arena_opt.profiling import compose as pc
 from arena_opt.profiling import db as pdb
 from arena_opt.profiling.layers import cpu_cores, profile_model
-from arena_opt.profiling.measure import Case, measure
+from arena_opt.profiling.measure import Case, measure_each
 from models.catalog import get_arch
 from models.layers import layer_table
 from models.torch_layers import scaled_arch
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     comm = pc.comm_model(db, "cpu")
     topo = pc.Topology(intra="loopback", cores=cores)
 
-    rows = []
+    rows, failed = [], []
     profile_s = {}
     for name in args.models.split(","):
         arch = scaled_arch(get_arch(name), **SCALES[name])
@@ -122,9 +122,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             la = loadavg()
             t0 = time.perf_counter()
-            res = measure([Case(arch, p, BATCH) for p in plans], steps=args.steps, warmup=2)
+            res = measure_each([Case(arch, p, BATCH) for p in plans], steps=args.steps, warmup=2)
             log(f"{arch.name}: {len(plans)} plans on {w} processes measured in {time.perf_counter() - t0:.0f} s")
             for plan, r in zip(plans, res):
+                if "error" in r:
+                    failed.append({"model": name, "arch": arch.name, "world": w, "plan": plan.describe(),
+                                   "error": r["error"]})
+                    log(f"  {plan.describe():22s} failed to run: {r['error']}")
+                    continue
                 bg = r["ambient_runnable"] or 0.0
                 est = pc.plan_time(prof, plan, BATCH, comm, topo).iter_time_s
                 est_load = pc.plan_time(prof, plan, BATCH, comm,
@@ -152,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                "per_world": {str(w): err_stats(v) for w, v in sorted(by_world.items())},
                "per_world_vs_min_step": {str(w): err_stats(v) for w, v in sorted(by_world_min.items())},
                "per_world_load_aware": {str(w): err_stats(v) for w, v in sorted(by_world_load.items())},
-               "all": err_stats([r["rel_err"] for r in rows]), "rows": rows,
+               "all": err_stats([r["rel_err"] for r in rows]), "rows": rows, "failed": failed,
                "comm_fits": [f.model_dump(exclude={"points"}) for f in db.comm]}
     args.out.mkdir(parents=True, exist_ok=True)
     pdb.save(db, args.out / "estimator_accuracy_profiles.json")
@@ -192,6 +197,8 @@ def render(p: dict) -> str:
                     [[r["arch"], r["world"], r["plan"], f"{r['estimate_s']:.3f}", f"{r['estimate_load_aware_s']:.3f}",
                       f"{r['measured_s']:.3f}", f"{r['measured_min_s']:.3f}", fmt_pct(r["rel_err"]),
                       fmt_pct(r["rel_err_load_aware"]), f"{r['other_runnable']:.1f}"] for r in p["rows"]]),
+           "\nPlans the runners could not run: " + ("none" if not p["failed"] else "; ".join(
+               f"{f['arch']} {f['plan']} on {f['world']} ({f['error'][-160:]})" for f in p["failed"])) + "\n",
            "\n## Collective fits (gloo, loopback)\n",
            md_table(["collective", "group", "alpha us", "GB/s", "mean fit error"],
                     [[c["collective"], c["group"] or "all", f"{1e6 * c['alpha_s']:.0f}",

@@ -198,23 +198,3 @@ def _live(args, snap) -> int:
                                         "avg_throughput", "gpu_util", "deadline_satisfaction") if k in m}, indent=1))
     print(f"metrics written to {Path(args.out) / 'metrics.json'}")
     return 0 if not m.get("failed") else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (`python -m runners.cli run ...`) while the lead's CLI wires `register`."""
-    ap = argparse.ArgumentParser(prog="arena-opt")
-    sub = ap.add_subparsers(dest="command", required=True)
-    register(sub)
-    args = ap.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

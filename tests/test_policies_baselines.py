@@ -198,3 +198,41 @@ def test_compact_shapes(est):
     cache.bind(cl)
     g = cache.options(job("x", 8))[("a100-40gb", 8)]
     assert g.multi_node and g.shape == GridShape("a100-40gb", 2, 4, g.shape.pp)
+
+
+def test_packing_bookkeeping_and_rollback(est):
+    """The baselines' GPU packing: counts stay in step with the free lists, best fit and whole-node
+    rules hold, and a rollback restores exactly the state of its mark."""
+    from arena_opt.policies.common import Packing
+
+    cl = load_cluster("a100:3x4,a40:2x2")
+    cache = GridCache(est)
+    cache.bind(cl)
+    s = snap(cl, [])
+    pack = Packing(s, cache.pools, {"held": {"a100-40gb-001": [1, 2]}})
+    opts = cache.options(job("x", 1))
+
+    def state(p):
+        return ({k: v[:] for k, v in p.free_count.items()}, dict(p.free_total),
+                {n.id: p.gpus_free(n.id)[:] for n in cl.nodes}, dict(p.where))
+
+    def consistent(p):
+        for key, counts in p.free_count.items():
+            assert p.free_total[key] == sum(counts)
+            for nid, c in zip(p.pool_map[key].node_ids, counts):
+                assert len(p.gpus_free(nid)) == c
+
+    # best fit: a 2-GPU grid goes to the node with exactly 2 free, not to an empty one
+    two = opts[("a100-40gb", 2)]
+    assert pack.find(two) == {"a100-40gb-001": [0, 3]}
+    before = state(pack)
+    m = pack.mark()
+    pack.hold("a", pack.find(two))
+    pack.hold("b", pack.find(opts[("a100-40gb", 8)]))  # whole nodes only: the two empty ones
+    assert set(pack.where["b"]) == {"a100-40gb-000", "a100-40gb-002"}
+    assert pack.find(opts[("a100-40gb", 1)]) is None and pack.free_gpus(two.pool) == 0
+    pack.release("held")
+    consistent(pack)
+    pack.rollback(m)
+    consistent(pack)
+    assert state(pack) == before

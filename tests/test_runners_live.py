@@ -106,7 +106,7 @@ def test_live_loop_replans_jobs_of_a_lost_node_and_measures(tmp_path):
 def test_ctrl_c_stops_arena_opt_run_and_everything_it_started(tmp_path):
     if not RUNTIME_TRACE.is_file():
         pytest.skip(f"{RUNTIME_TRACE} not found")
-    cmd = [sys.executable, "-m", "runners.cli", "run", "--trace", str(RUNTIME_TRACE), "--cluster", "a10:1x2,a40:1x2",
+    cmd = [sys.executable, "-m", "arena_opt.cli", "run", "--trace", str(RUNTIME_TRACE), "--cluster", "a10:1x2,a40:1x2",
            "--backend", "local", "--max-jobs", "3", "--interval", "5", "--batch-divisor", "16", "--device", "cpu",
            "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--time-limit", "5"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

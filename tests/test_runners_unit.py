@@ -86,7 +86,7 @@ def test_dry_run_prints_each_nodes_torchrun_for_a_multi_node_decision(tmp_path):
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    code = "import sys; from runners.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from arena_opt.cli import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, "run", *args], capture_output=True, text=True, timeout=120)
 
 
@@ -116,7 +116,7 @@ def test_cli_dry_run_on_a_snapshot(tmp_path):
 def test_cli_user_mistakes_exit_2_without_traceback(tmp_path, args, message):
     (tmp_path / "t.csv").write_text("job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,"
                                     "gpu_type\nj,0,10,gpt__350M,100,8,1,a10\n")
-    p = subprocess.run([sys.executable, "-c", "import sys; from runners.cli import main; sys.exit(main(sys.argv[1:]))",
+    p = subprocess.run([sys.executable, "-c", "import sys; from arena_opt.cli import main; sys.exit(main(sys.argv[1:]))",
                         "run", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 2
     assert message in p.stderr and "Traceback" not in p.stderr

@@ -144,6 +144,7 @@ class Packing:
         self.node_pool, self.node_pos, self.cap, ranges = Packing._static[1]
         self.pool_map = pool_map
         self.free_count = {key: [p.gpus_per_node] * len(p.node_ids) for key, p in pool_map.items()}
+        self.free_total = {key: p.num_gpus for key, p in pool_map.items()}  # sum of free_count, kept in step
         self._ranges = ranges
         self.free: dict[str, list[int]] = {}  # free GPU indices of the nodes touched so far (see gpus_free)
         self.where: dict[str, Placement] = {}
@@ -155,6 +156,7 @@ class Packing:
                 for g in gpus:
                     fl.remove(g)
                 self.free_count[self.node_pool[nid]][self.node_pos[nid]] -= len(gpus)
+                self.free_total[self.node_pool[nid]] -= len(gpus)
                 self.node_jobs.setdefault(nid, set()).add(jid)
             self.where[jid] = pl
 
@@ -170,6 +172,7 @@ class Packing:
         c.pool_map, c.node_pool, c.node_pos, c.cap = self.pool_map, self.node_pool, self.node_pos, self.cap
         c._ranges = self._ranges
         c.free_count = {k: v[:] for k, v in self.free_count.items()}
+        c.free_total = dict(self.free_total)
         c.free = {k: v[:] for k, v in self.free.items()}
         c.where = dict(self.where)
         c.node_jobs = {k: set(v) for k, v in self.node_jobs.items() if v}
@@ -196,7 +199,7 @@ class Packing:
         return self.node_jobs.get(nid, set())
 
     def free_gpus(self, pool_key: tuple) -> int:
-        return sum(self.free_count[pool_key])
+        return self.free_total[pool_key]
 
     def free_nodes(self, pool_key: tuple) -> int:
         cap = self.cap[pool_key]
@@ -208,6 +211,7 @@ class Packing:
             for g in gpus:
                 fl.remove(g)
             self.free_count[self.node_pool[nid]][self.node_pos[nid]] -= len(gpus)
+            self.free_total[self.node_pool[nid]] -= len(gpus)
             self.node_jobs.setdefault(nid, set()).add(job_id)
         self.where[job_id] = placement
         if self._journal is not None:
@@ -220,6 +224,7 @@ class Packing:
         for nid, gpus in placement.items():
             self.free[nid] = sorted(self.gpus_free(nid) + list(gpus))
             self.free_count[self.node_pool[nid]][self.node_pos[nid]] += len(gpus)
+            self.free_total[self.node_pool[nid]] += len(gpus)
             self.node_jobs[nid].discard(job_id)
         if self._journal is not None:
             self._journal.append(("release", job_id, placement))
@@ -228,7 +233,7 @@ class Packing:
     def find(self, grid: Grid, prev: Placement | None = None) -> Placement | None:
         key = grid.pool
         fc = self.free_count.get(key)
-        if fc is None:
+        if fc is None or self.free_total[key] < grid.node_units(self.cap[key]):
             return None
         ids = self.pool_map[key].node_ids
         cap = self.cap[key]
@@ -301,10 +306,9 @@ class PackedPolicy(GridPolicy):
         """Chosen grid and placement per job that runs, a reason per job that does not, stats."""
 
     # helpers shared by the subclasses
-    def start_state(self, snapshot: ClusterSnapshot, packing: bool = True
-                    ) -> tuple[Packing | None, dict[str, Grid], dict[str, Placement]]:
-        """Packing with every running job held where it is (None unless `packing`), the current grid
-        and the placement of every running job."""
+    def start_state(self, snapshot: ClusterSnapshot) -> tuple[Packing, dict[str, Grid], dict[str, Placement]]:
+        """Packing with every running job held where it is, and each running job's current grid and
+        placement."""
         chosen: dict[str, Grid] = {}
         placements: dict[str, Placement] = {}
         for j in snapshot.jobs:
@@ -315,21 +319,24 @@ class PackedPolicy(GridPolicy):
                 continue
             chosen[j.id] = g
             placements[j.id] = {nid: sorted(gs) for nid, gs in j.running.placement.items()}
-        return (Packing(snapshot, self.cache.pools, placements) if packing else None), chosen, placements
+        return Packing(snapshot, self.cache.pools, placements), chosen, placements
 
 
-def place_changes(snapshot: ClusterSnapshot, pool_map: dict[tuple, Pool], chosen: dict[str, Grid],
-                  current: dict[str, Grid], held: dict[str, Placement], fallback: dict[str, Grid] | None = None,
-                  ) -> tuple[dict[str, Grid], dict[str, Placement], dict[str, str]]:
-    """Place a round's choice. Kept jobs stay; running jobs that change go first, largest first,
-    then new jobs, largest first (a new job falls back to its `fallback` grid). A running job whose
-    new grid cannot be placed is pinned where it was and the placement starts over, so policies that
+def place_changes(pack: Packing, chosen: dict[str, Grid], current: dict[str, Grid], held: dict[str, Placement],
+                  fallback: dict[str, Grid] | None = None) -> tuple[dict[str, Grid], dict[str, Placement], dict[str, str]]:
+    """Place a round's choice on `pack`, which holds every running job where it runs (the state
+    `start_state` returns). Kept jobs stay; running jobs that change go first, largest first, then
+    new jobs, largest first (a new job falls back to its `fallback` grid). A running job whose new
+    grid cannot be placed is pinned where it was and the placement starts over, so policies that
     never preempt do not preempt by accident of fragmentation."""
     fallback = fallback or {}
     pinned: set[str] = set()
+    start = pack.mark()
     while True:
         kept = {j: held[j] for j, g in chosen.items() if g.current or j in pinned}
-        pack = Packing(snapshot, pool_map, kept)
+        for j in current:
+            if j not in kept:
+                pack.release(j)
         out = {j: (current[j] if j in pinned else chosen[j]) for j in kept}
         placements = dict(kept)
         reasons: dict[str, str] = {}
@@ -352,6 +359,7 @@ def place_changes(snapshot: ClusterSnapshot, pool_map: dict[tuple, Pool], chosen
                 reasons[j] = "GPUs fragmented: no placement this round"
         if not retry:
             return out, placements, reasons
+        pack.rollback(start)
 
 
 def fifo(jobs: list[Job]) -> list[Job]:

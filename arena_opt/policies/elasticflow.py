@@ -42,7 +42,7 @@ class ElasticFlowPolicy(PackedPolicy):
 
     def plan(self, snapshot):
         now = snapshot.time
-        _, current, held = self.start_state(snapshot, packing=False)
+        pack, current, held = self.start_state(snapshot)
         reasons: dict[str, str] = {}
         ladders: dict[str, list[Grid]] = {}
         entries = []
@@ -113,7 +113,7 @@ class ElasticFlowPolicy(PackedPolicy):
             cur = current.get(jid)
             chosen[jid] = cur if cur is not None and cur.num_gpus == g.num_gpus else g
         fallback = {jid: ladders[jid][0] for jid in level if jid not in current}
-        out, placements, more = place_changes(snapshot, self.cache.pools, chosen, current, held, fallback)
+        out, placements, more = place_changes(pack, chosen, current, held, fallback)
         reasons.update(more)
         return out, placements, reasons, SolverStats(solver="greedy", status="ok")
 

@@ -23,6 +23,15 @@ class GavelPolicy(PackedPolicy):
         super().__init__(estimator, reconfig)
         self.max_migrations = max_migrations
         self.time_limit_s = time_limit_s
+        self._cand_cache: dict[str, tuple] = {}
+
+    def _cands(self, jid: str, opts, n: int | None) -> list[Grid]:
+        """The job's grids at count n, fastest type first (cached per job)."""
+        hit = self._cand_cache.get(jid)
+        if hit is None or hit[0] is not opts or hit[1] != n:
+            hit = self._cand_cache[jid] = (opts, n, sorted((g for (t, c), g in opts.items() if c == n),
+                                                           key=lambda g: (-g.throughput, g.shape.gpu_type)))
+        return hit[2]
 
     def _count(self, job, cur: Grid | None, opts) -> int | None:
         if cur is not None:
@@ -36,10 +45,11 @@ class GavelPolicy(PackedPolicy):
         # admission: submission order, tentatively placed on the fastest type where the count fits
         admitted: dict[str, list[Grid]] = {}  # job -> its grid per type at its fixed count
         tentative: dict[str, Grid] = {}
+        start = pack.mark()
         for job in fifo(snapshot.jobs):
             opts = self.cache.options(job)
             n = self._count(job, current.get(job.id), opts)
-            cands = sorted((g for (t, c), g in opts.items() if c == n), key=lambda g: -g.throughput)
+            cands = self._cands(job.id, opts, n)
             if job.id in current:
                 # a running job is offered only the types faster than its own: a move to a slower
                 # type lowers the objective unless it makes room for a newcomer, which admission
@@ -60,7 +70,8 @@ class GavelPolicy(PackedPolicy):
                 reasons[job.id] = f"{n} GPUs of no type are free"
 
         chosen, stats = self._types(snapshot, admitted, current, tentative)
-        out, placements, more = place_changes(snapshot, self.cache.pools, chosen, current, held, tentative)
+        pack.rollback(start)  # back to the running jobs alone
+        out, placements, more = place_changes(pack, chosen, current, held, tentative)
         reasons.update(more)
         return out, placements, reasons, stats
 
@@ -70,6 +81,9 @@ class GavelPolicy(PackedPolicy):
         var: list[tuple[str, Grid]] = [(j, g) for j, opts in admitted.items() if len(opts) > 1 for g in opts]
         if not var:
             return fixed, SolverStats(solver="highs", status="nothing to choose")
+        if all(j not in current and tentative[j] is admitted[j][0] for j, _ in var):
+            # only newcomers, each on its fastest type: no assignment has more throughput
+            return {**fixed, **{j: tentative[j] for j, _ in var}}, SolverStats(solver="highs", status="greedy optimal")
         bp = BinaryProgram(len(var))
         by_job: dict[str, list[int]] = defaultdict(list)
         by_type: dict[str, list[int]] = defaultdict(list)

@@ -40,6 +40,7 @@ class SiaPolicy(PackedPolicy):
         reasons: dict[str, str] = {}
         admitted: dict[str, list[Grid]] = {}
         tentative: dict[str, Grid] = {}
+        start = pack.mark()
         for job in fifo(snapshot.jobs):
             opts = list(self.cache.options(job).values())
             if job.id in current:
@@ -62,7 +63,8 @@ class SiaPolicy(PackedPolicy):
                 reasons[job.id] = f"its smallest configuration ({smallest[0].num_gpus} GPUs) is not free"
 
         chosen, stats = self._solve(snapshot, admitted, current, tentative)
-        out, placements, more = place_changes(snapshot, self.cache.pools, chosen, current, held, tentative)
+        pack.rollback(start)  # back to the running jobs alone
+        out, placements, more = place_changes(pack, chosen, current, held, tentative)
         reasons.update(more)
         for j, g in out.items():
             if j in current and not g.current:

@@ -9,8 +9,9 @@ probability of their busy fraction, so the expected demand it meets is
     D = own demand + background + sum over the other jobs of demand x busy_s / iteration time,
 
 and its busy time stretches by max(1, D / capacity) / max(1, own demand / capacity) (its alone time
-already includes its own oversubscription). Iteration times and busy fractions depend on each
-other; a fixed-point iteration settles them. Communication that another job's traffic slows is
+already includes its own oversubscription). A job's busy fraction is its stretched busy time over
+its stretched iteration time (a slowed job holds the resource longer); iteration times, stretches
+and busy fractions depend on each other and a fixed-point iteration settles them. Communication that another job's traffic slows is
 the load the scheduler should avoid putting on one uplink; `slowdowns` gives the factors to scale
 grid throughputs by for a candidate placement.
 """
@@ -43,18 +44,21 @@ def iteration_times(jobs: list[JobLoads], capacity: dict[str, float], background
     are taken by work outside the model)."""
     background = background or {}
     t = [j.iter_s for j in jobs]
+    stretch = [{r: 1.0 for r in j.loads} for j in jobs]
     for _ in range(max_iter):
-        new = []
+        new_t, new_s = [], []
         for a, j in enumerate(jobs):
-            x = j.iter_s
+            x, s = j.iter_s, {}
             for r, ld in j.loads.items():
                 others = background.get(r, 0.0) + sum(
-                    k.loads[r].demand * min(1.0, k.loads[r].busy_s / t[b])
+                    k.loads[r].demand * min(1.0, k.loads[r].busy_s * stretch[b][r] / t[b])
                     for b, k in enumerate(jobs) if b != a and r in k.loads)
-                x += ld.busy_s * (_stretch(ld.demand, others, capacity[r]) - 1.0)
-            new.append(x)
-        done = max(abs(n - o) / o for n, o in zip(new, t)) < tol
-        t = new
+                s[r] = _stretch(ld.demand, others, capacity[r])
+                x += ld.busy_s * (s[r] - 1.0)
+            new_t.append(x)
+            new_s.append(s)
+        done = max(abs(n - o) / o for n, o in zip(new_t, t)) < tol
+        t, stretch = new_t, new_s
         if done:
             break
     return t

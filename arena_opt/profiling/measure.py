@@ -173,7 +173,9 @@ def launch(module: str, world: int, args: list[str], timeout_s: float) -> None:
             if p.returncode != 0:
                 errs.append(err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}")
         if errs:
-            raise RuntimeError(f"{module}: a rank failed: {errs[0]}")
+            # the rank that failed first names the cause; its peers only report the closed connection
+            cause = next((e for e in errs if "closed by peer" not in e and "Connection reset" not in e), errs[0])
+            raise RuntimeError(f"{module}: a rank failed: {cause}")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -182,6 +184,21 @@ def launch(module: str, world: int, args: list[str], timeout_s: float) -> None:
                     p.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+
+def measure_each(cases: list[Case], **kw) -> list[dict]:
+    """`measure` in one launch; if a case fails, every case in its own launch, and a failing case gets
+    {"error": message} instead of times."""
+    try:
+        return measure(cases, **kw)
+    except RuntimeError:
+        out = []
+        for c in cases:
+            try:
+                out += measure([c], **kw)
+            except RuntimeError as e:
+                out.append({"plan": c.plan.model_dump(), "model": c.arch.name, "batch": c.batch, "error": str(e)})
+        return out
 
 
 def measure(cases: list[Case], *, steps: int = 5, warmup: int = 2, threads: int = 1, device: str = "cpu",

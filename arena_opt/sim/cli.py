@@ -64,7 +64,7 @@ def cmd_simulate(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from arena_opt.sim.config import check_policy, run_config
+    from arena_opt.sim.config import check_policy, run_config, user_plan_cache
     from arena_opt.sim.results import write_result
 
     check_policy(args.policy)
@@ -114,7 +114,7 @@ def _summary(con, results: list[dict]) -> None:
 
     from arena_opt.sim.results import COLUMNS
 
-    keep = ["policy", "finished", "avg JCT (s)", "p95 JCT (s)", "avg queue (s)", "avg thr (samples/s)",
+    keep = ["policy", "finished / arrived", "avg JCT (s)", "p95 JCT (s)", "avg queue (s)", "avg thr (samples/s)",
             "avg thr, rounds > 100 (samples/s)", "GPU util", "reconfigs/job", "deadlines met", "sim wall / CPU (s)"]
     tab = Table()
     cols = [c for c in COLUMNS if c[0] in keep]

@@ -256,7 +256,7 @@ class Simulator:
             if d.action in ("keep", "reshape", "migrate", "preempt") and not running:
                 raise SimulationError(f"{where}: action {d.action!r} for a job that is not running")
             if d.action == "keep":
-                same = d.gpu_type == sj.gpu_type and d.plan == sj.plan and (
+                same = d.gpu_type == sj.gpu_type and (d.plan is sj.plan or d.plan == sj.plan) and (
                     d.placement == sj.placement or {n: sorted(g) for n, g in d.placement.items()} == sj.placement)
                 if not same:
                     raise SimulationError(f"{where}: 'keep' but the allocation differs from the running one")

@@ -37,7 +37,7 @@ def _f(v, nd=0, scale=1.0):
 
 COLUMNS = [
     ("policy", "policy", lambda m: m["policy"]),
-    ("finished", "finished", lambda m: f"{m['finished']}/{m['jobs'] - m['rejected']}"),
+    ("finished / arrived", "finished", lambda m: f"{m['finished']}/{m['jobs'] - m['rejected'] - m['not_arrived']}"),
     ("avg JCT (s)", "avg_jct_s", lambda m: _f(m["avg_jct_s"])),
     ("median JCT (s)", "median_jct_s", lambda m: _f(m["median_jct_s"])),
     ("p95 JCT (s)", "p95_jct_s", lambda m: _f(m["p95_jct_s"])),
