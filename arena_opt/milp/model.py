@@ -126,13 +126,13 @@ def to_pyomo(lm: LinearModel):
 
     def row(mm, r):
         idx, vals = lm.rows[r]
-        body = pyo.quicksum((c * mm.v[i] for i, c in zip(idx, vals)), linear=True)
+        body = pyo.quicksum((c * mm.v[i] for i, c in zip(idx, vals)))
         lo = None if lm.row_lo[r] == -np.inf else lm.row_lo[r]
         hi = None if lm.row_hi[r] == np.inf else lm.row_hi[r]
         return (lo, body, hi)
 
     m.rows = pyo.Constraint(m.R, rule=row)
-    m.obj = pyo.Objective(expr=pyo.quicksum((c * m.v[i] for i, c in enumerate(lm.obj) if c), linear=True),
+    m.obj = pyo.Objective(expr=pyo.quicksum((c * m.v[i] for i, c in enumerate(lm.obj) if c)),
                           sense=pyo.maximize)
     return m
 
