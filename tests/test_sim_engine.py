@@ -186,3 +186,11 @@ def test_job_without_feasible_grid_is_rejected(truth, node4):
     assert r["X"]["status"] == "rejected" and "no feasible grid" in r["X"]["reject_reason"]
     assert r["A"]["status"] == "done"
     assert compute(res)["rejected"] == 1
+
+
+def test_grid_the_truth_cannot_run_is_an_error(node4):
+    # the truth only knows 4 GPUs; the policy's analytical estimate also offers 2
+    truth = PerfEstimator(table=PerfTable({(MODEL, BATCH, "a100-40gb", 1, 4): 1.0}), table_mode="strict")
+    estimate = PerfEstimator(table_mode="off")
+    with pytest.raises(SimulationError, match="infeasible in the performance truth"):
+        Simulator(node4, [job("A", 0, 100, 2)], FCFSPolicy(estimate), truth=truth).run()

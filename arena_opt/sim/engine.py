@@ -247,19 +247,21 @@ class Simulator:
 
     def _apply(self, decision: Decision, t: float) -> int:
         todo = []
+        def error(d, msg):
+            return SimulationError(f"t={t:.0f}s: policy {self.policy.name!r}, job {d.job_id!r}: {msg}")
+
         for d in decision.jobs:
             sj = self.by_id[d.job_id]
             running = sj.status == RUNNING
-            where = f"t={t:.0f}s: policy {self.policy.name!r}, job {d.job_id!r}"
             if d.action in ("wait", "start") and running:
-                raise SimulationError(f"{where}: action {d.action!r} for a running job")
+                raise error(d, f"action {d.action!r} for a running job")
             if d.action in ("keep", "reshape", "migrate", "preempt") and not running:
-                raise SimulationError(f"{where}: action {d.action!r} for a job that is not running")
+                raise error(d, f"action {d.action!r} for a job that is not running")
             if d.action == "keep":
                 same = d.gpu_type == sj.gpu_type and (d.plan is sj.plan or d.plan == sj.plan) and (
                     d.placement == sj.placement or {n: sorted(g) for n, g in d.placement.items()} == sj.placement)
                 if not same:
-                    raise SimulationError(f"{where}: 'keep' but the allocation differs from the running one")
+                    raise error(d, "'keep' but the allocation differs from the running one")
                 continue
             if d.action == "wait":
                 continue
@@ -271,8 +273,8 @@ class Simulator:
             per_node = max(len(g) for g in placement.values())
             rate = self._truth_rate(sj, d.gpu_type, placement, nodes, per_node, d.plan.pp)
             if rate is None:
-                raise SimulationError(f"{where}: {d.gpu_type} {nodes}x{per_node} pp={d.plan.pp} is infeasible in "
-                                      f"the performance truth (out of memory or not in the table)")
+                raise error(d, f"{d.gpu_type} {nodes}x{per_node} pp={d.plan.pp} is infeasible in the performance "
+                               f"truth (out of memory or not in the table)")
             resumed = running or sj.starts > 0
             delay = self.opt.reconfig.delay_s(sj.spec.arch, d.num_gpus, resumed=resumed)
             todo.append((sj, d, (placement, rate), delay))
