@@ -1,14 +1,14 @@
 """Arena's Philly trace on Arena's 1,280-GPU cluster, every policy, as Arena's artifact runs it.
 
-    python bench/simulate.py [--data DIR] [--out bench/results] [--policies all] [--modes 500,full]
+    python bench/simulate.py [--data DIR] [--out bench/results] [--policies all] [--modes 500,full] [--name simulate]
 
 Setup (the artifact's): Alpa-optimal table as the truth for every policy (grids it lacks are
 infeasible), iterations / 5 and deadline budgets x 5, 300 s rounds, restart cost 10 s/GPU (cap
 40 s) for arena and arena-greedy and 150 s/GPU (cap 600 s) for the baselines. Modes: `500` stops
 after 500 rounds (the artifact's figures), `full` runs until every submitted job has finished.
 Each policy runs in its own process with a warm plan cache (the one-time planner warm-up is
-reported apart). Writes simulate.json (metrics, wall times, machine, command) and simulate.md;
-full per-policy results and plots go to results/bench-philly-<mode>/ (not committed).
+reported apart). Writes <name>.json (metrics, wall and CPU times, machine, command) and <name>.md;
+full per-policy results and plots go to results/bench-philly-<mode>/<name>/ (not committed).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default="all")
     ap.add_argument("--modes", default="500,full")
     ap.add_argument("--timeout", type=float, default=3600.0, help="give up on a policy after this many seconds")
+    ap.add_argument("--name", default="simulate", help="stem of the written files (default simulate)")
     args = ap.parse_args(argv)
     data = Path(args.data) if args.data else default_data_dir()
     if data is None or not (data / "traces" / "simulate_trace_philly.csv").is_file():
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
     for mode in args.modes.split(","):
         rounds = None if mode == "full" else int(mode)
         cfg = base.model_copy(update={"rounds": rounds})
-        out_dir = Path("results") / f"bench-philly-{mode}"
+        out_dir = Path("results") / f"bench-philly-{mode}" / args.name
         t0 = time.perf_counter()
         results, info = run_bench(cfg, policies, out_dir, timeout_s=args.timeout)
         wall = time.perf_counter() - t0
@@ -107,8 +108,8 @@ def main(argv=None) -> int:
             md.append("")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "simulate.json").write_text(json.dumps(report, indent=1))
-    (out / "simulate.md").write_text("\n".join(md) + "\n")
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
+    (out / f"{args.name}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0 if not any(m["failed"] for m in report["modes"].values()) else 1
 

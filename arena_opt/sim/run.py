@@ -40,6 +40,12 @@ def make_policy(name: str, estimator: PerfEstimator, reconfig: ReconfigModel, **
     params = inspect.signature(klass).parameters
     if "reconfig" in params and "reconfig" not in kwargs:
         kwargs["reconfig"] = reconfig
+    if name == "arena" and "options" not in kwargs:
+        from arena_opt.milp.options import ArenaOptions
+
+        # the same MILP rows, handed to HiGHS as arrays: thousands of rounds without Pyomo's per-round
+        # overhead (tests/test_milp.py checks that both backends reach the same optimum)
+        kwargs["options"] = ArenaOptions(backend="highspy")
     return get_policy(name, estimator=estimator, **kwargs)
 
 
