@@ -53,10 +53,14 @@ def tp_degrees(arch: Arch, gpus_per_node: int, per_stage: int) -> list[int]:
 
 
 def microbatch_counts(per_replica_batch: int, pp: int) -> list[int]:
-    # gradient accumulation for pp = 1; for pipelines, enough micro-batches to shrink the bubble,
-    # and micro-batches of one sample as the last resort for memory
-    base = [1, 2, 4] if pp == 1 else [pp, 2 * pp, 4 * pp, 8 * pp]
-    out = [m for m in base if m <= per_replica_batch and per_replica_batch % m == 0]
+    # Every power of two that divides the per-replica batch (at least pp when pipelining): a coarser
+    # ladder jumps from a few micro-batches straight to one-sample micro-batches on memory-bound grids
+    # and loses up to 9% of proxy-plan quality (bench/results/proxy_quality.md).
+    out, m = [], 1
+    while m <= per_replica_batch:
+        if per_replica_batch % m == 0 and m >= pp:
+            out.append(m)
+        m *= 2
     if per_replica_batch not in out and per_replica_batch >= pp:
         out.append(per_replica_batch)
     return out
