@@ -78,11 +78,12 @@ def compact_shape(n: int, gpus_per_node: int) -> tuple[int, int]:
 
 
 def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, max_gpus_default: int = 16,
-              all_pp: bool = False, pool_map: dict[tuple, Pool] | None = None,
+              all_pp: bool = False, prune: bool = False, pool_map: dict[tuple, Pool] | None = None,
               node_map: dict[str, Node] | None = None, context: tuple | None = None) -> list[Grid]:
     """All grids of one job: compact shapes on every allowed pool and power-of-two count. Only the best
     pipeline depth of each (pool, count) is kept (the others use the same GPUs for less), unless
-    `all_pp`; the running allocation is always kept as the `current` grid."""
+    `all_pp`; `prune` also drops dominated grids (see drop_dominated). The running allocation is
+    always kept as the `current` grid."""
     pool_map = pool_map if pool_map is not None else pools(snapshot)
     node_map = node_map if node_map is not None else {n.id: n for n in snapshot.nodes}
     context = context if context is not None else _context(snapshot, pool_map)
@@ -91,25 +92,48 @@ def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, 
     key = (model_key, job.batch_size, job.min_gpus, job.max_gpus, tuple(job.allowed_gpu_types or ()),
            max_gpus_default, context)
     cache = estimator.job_grid_cache
-    options = cache.get(key)
-    if options is None:
-        options = cache[key] = _options(job, snapshot, estimator, pool_map, max_gpus_default)
-    out: list[Grid] = []
-    for pool_key, cands in options:
-        grids = [Grid(job.id, pool_key, shape, proxy, pareto, cur_key == (pool_key, shape.nodes,
-                                                                         shape.gpus_per_node, shape.pp))
-                 for shape, proxy, pareto in cands]
-        if all_pp:
-            out.extend(grids)
-        else:
-            best = max(grids, key=lambda g: g.throughput)
-            out.append(best)
-            out.extend(g for g in grids if g.current and g is not best)
+    entry = cache.get(key)
+    if entry is None:
+        entry = cache[key] = _JobOptions(_options(job, snapshot, estimator, pool_map, max_gpus_default))
+    if all_pp:
+        cands = [(pk, c) for pk, cs in entry.per_pool for c in cs]
+    else:
+        # jobs of one workload share these; a round only stamps the job id and the running grid on them
+        cands = entry.pruned() if prune else entry.best()
+    out = [Grid(job.id, pk, shape, proxy, pareto, cur_key == (pk, shape.nodes, shape.gpus_per_node, shape.pp))
+           for pk, (shape, proxy, pareto) in cands]
     if cur_key is not None and not any(g.current for g in out):
-        g = _current_grid(job, snapshot, estimator, snapshot.catalog[job.running.gpu_type], cur_key)
-        if g is not None:
-            out.append(g)
+        hit = next(((pk, c) for pk, cs in entry.per_pool for c in cs
+                    if cur_key == (pk, c[0].nodes, c[0].gpus_per_node, c[0].pp)), None)
+        if hit is not None:
+            shape, proxy, pareto = hit[1]
+            out.append(Grid(job.id, hit[0], shape, proxy, pareto, True))
+        else:
+            g = _current_grid(job, snapshot, estimator, snapshot.catalog[job.running.gpu_type], cur_key)
+            if g is not None:
+                out.append(g)
     return out
+
+
+class _JobOptions:
+    """A workload's grid options: every pipeline depth per (pool, count), and the subsets a round uses."""
+
+    def __init__(self, per_pool: list[tuple[tuple, list]]):
+        self.per_pool = per_pool
+        self._best = None
+        self._pruned = None
+
+    def best(self) -> list[tuple]:
+        if self._best is None:
+            self._best = [(pk, max(cs, key=lambda c: c[1].throughput)) for pk, cs in self.per_pool]
+        return self._best
+
+    def pruned(self) -> list[tuple]:
+        if self._pruned is None:
+            grids = [Grid("", pk, *c) for pk, c in self.best()]
+            keep = {id(g) for g in drop_dominated(grids)}
+            self._pruned = [pc for pc, g in zip(self.best(), grids) if id(g) in keep]
+        return self._pruned
 
 
 def _context(snapshot: ClusterSnapshot, pool_map: dict[tuple, Pool]) -> tuple:
@@ -168,8 +192,11 @@ def enumerate_grids(snapshot: ClusterSnapshot, estimator: PerfEstimator, **kw) -
     pool_map = pools(snapshot)
     node_map = {n.id: n for n in snapshot.nodes}
     ctx = _context(snapshot, pool_map)
-    return {j.id: drop_dominated(job_grids(j, snapshot, estimator, pool_map=pool_map, node_map=node_map, context=ctx,
-                                           **kw))
+    if kw.get("all_pp"):
+        return {j.id: drop_dominated(job_grids(j, snapshot, estimator, pool_map=pool_map, node_map=node_map,
+                                               context=ctx, **kw))
+                for j in snapshot.jobs}
+    return {j.id: job_grids(j, snapshot, estimator, prune=True, pool_map=pool_map, node_map=node_map, context=ctx, **kw)
             for j in snapshot.jobs}
 
 

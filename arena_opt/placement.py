@@ -8,6 +8,7 @@ packs whatever the level-1 packing constraints admit."""
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import lru_cache
 
 import networkx as nx
 
@@ -20,14 +21,21 @@ class PlacementError(RuntimeError):
 
 
 def topology(snapshot: ClusterSnapshot) -> nx.Graph:
-    """cluster - rack - node tree; GPUs of a node share its links, so nodes are the leaves."""
+    """cluster - rack - node tree; GPUs of a node share its links, so nodes are the leaves.
+    The graph is shared between snapshots of the same nodes (a scheduler's every round): read only."""
+    return _topology(tuple((n.id, n.rack, n.gpu_type, n.num_gpus) for n in snapshot.nodes))
+
+
+@lru_cache(maxsize=8)
+def _topology(nodes: tuple[tuple[str, str | None, str, int], ...]) -> nx.Graph:
     g = nx.Graph()
     g.add_node("cluster", kind="cluster")
-    racks = {f"rack:{n.rack or 'default'}" for n in snapshot.nodes}
+    racks = {f"rack:{rack or 'default'}" for _, rack, _, _ in nodes}
     g.add_edges_from(("cluster", r) for r in racks)
-    g.add_edges_from((f"rack:{n.rack or 'default'}", n.id) for n in snapshot.nodes)
-    for n in snapshot.nodes:
-        g.nodes[n.id].update(kind="node", gpu_type=n.gpu_type, num_gpus=n.num_gpus)
+    g.add_edges_from((f"rack:{rack or 'default'}", nid) for nid, rack, _, _ in nodes)
+    for nid, _, gpu_type, num_gpus in nodes:
+        g.nodes[nid].update(kind="node", gpu_type=gpu_type, num_gpus=num_gpus)
+    nx.freeze(g)
     return g
 
 

@@ -66,6 +66,9 @@ class Job(_Strict):
     requested_num_gpus: PositiveInt | None = None
     running: RunningState | None = None
     attained_service_s: NonNegativeFloat = Field(0.0, description="GPU-seconds received so far")
+    waited_s: NonNegativeFloat | None = Field(
+        None, description="seconds spent waiting (queued or preempted) since submission, as of the snapshot; "
+                          "None: a waiting job has waited since submit_time, a running one not at all")
 
     @field_validator("model")
     @classmethod

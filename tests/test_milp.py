@@ -116,12 +116,12 @@ def test_greedy_fallback_is_feasible(seed):
 
 
 def test_sharded_close_to_monolithic():
-    # without deadlines: a shard that holds a deadline job but too few nodes pays its full penalty,
-    # which says nothing about how well shards pack (small shards are a poor fit for deadlines)
+    # without deadlines (nor the makespan guard's deadline-like needs): a shard that holds a deadline
+    # job but too few nodes pays its full penalty, which says nothing about how well shards pack
     snap = generate_snapshot({"a100": (12, 4), "a40": (16, 2), "v100": (3, 8)}, 48, seed=5, deadline_fraction=0,
                              models=TINY_MODELS)
-    mono = ArenaPolicy(ArenaOptions(mip_gap=0.0), estimator=EST).decide(snap)
-    sharded = ArenaPolicy(ArenaOptions(shards=3), estimator=EST).decide(snap)
+    mono = ArenaPolicy(ArenaOptions(mip_gap=0.0, makespan_guard=False), estimator=EST).decide(snap)
+    sharded = ArenaPolicy(ArenaOptions(shards=3, makespan_guard=False), estimator=EST).decide(snap)
     check_decision(snap, sharded)
     assert sharded.stats.shards == 3 and sharded.stats.bound is None
     assert sharded.stats.objective <= mono.stats.objective + 1e-6
@@ -211,3 +211,61 @@ def test_pyomo_and_highspy_backends_agree(seed):
     assert a.objective == pytest.approx(b.objective, rel=1e-7, abs=1e-7)
     assert p.feasible(b.selection)
     assert b.bound == pytest.approx(b.objective, rel=1e-6, abs=1e-6)
+    # a greedy first incumbent changes where the search starts, not the optimum it proves
+    start = greedy_select(p)
+    c = solve_problem(p, time_limit_s=20, mip_gap=0.0, threads=1, backend="highspy", start=start)
+    assert c.status == "optimal" and p.feasible(c.selection)
+    assert c.objective == pytest.approx(a.objective, rel=1e-7, abs=1e-7)
+    assert c.objective >= p.objective(start) - 1e-9
+
+
+def test_critical_jobs_hand_computed():
+    from arena_opt.milp.problem import critical_jobs
+
+    # job 0: 1,000 samples, fastest grid 2 samples/s on 2 GPUs, 1 GPU-s per sample at best; job 1: 100
+    # samples, same grids. On 2 GPUs the drain takes (1000 + 100) / 2 = 550 s; job 0 alone needs 500 s
+    job_of = np.array([0, 0, 1, 1])
+    tput = np.array([1.0, 2.0, 1.0, 2.0])
+    gpus = np.array([1.0, 2.0, 1.0, 2.0])
+    best = np.array([2.0, 2.0])
+    assert critical_jobs(job_of, tput, gpus, np.array([1000.0, 100.0]), best, 2, 0.0).tolist() == []
+    # on 4 GPUs the drain halves (275 s) and job 0's own 500 s sets the makespan
+    assert critical_jobs(job_of, tput, gpus, np.array([1000.0, 100.0]), best, 4, 0.0).tolist() == [0]
+    # job 1 (own 400 s) has 100 s of float: critical only when a round is longer than that
+    assert critical_jobs(job_of, tput, gpus, np.array([1000.0, 800.0]), best, 100, 99.0).tolist() == [0]
+    assert critical_jobs(job_of, tput, gpus, np.array([1000.0, 800.0]), best, 100, 100.0).tolist() == [0, 1]
+    # a job with no work left is never critical
+    assert critical_jobs(job_of, tput, gpus, np.array([0.0, 100.0]), best, 1000, 0.0).tolist() == [1]
+
+
+def test_makespan_guard_keeps_the_critical_job_at_full_speed():
+    snap = generate_snapshot({"a100": (2, 4)}, 4, seed=3, running_fraction=0.0, deadline_fraction=0.0,
+                             models=["bert-760M"])
+    jobs = [j.model_copy(update={"remaining_iterations": j.remaining_iterations * (200 if i == 0 else 1),
+                                 "total_iterations": j.total_iterations * (200 if i == 0 else 1)})
+            for i, j in enumerate(snap.jobs)]
+    snap = snap.model_copy(update={"jobs": jobs})
+    long_id = jobs[0].id
+    best = max(g.throughput for g in enumerate_grids(snap, EST)[long_id])
+    off = ArenaPolicy(ArenaOptions(makespan_guard=False, mip_gap=0.0), estimator=EST).decide(snap)
+    on = ArenaPolicy(ArenaOptions(mip_gap=0.0), estimator=EST).decide(snap)
+    check_decision(snap, on)
+    # shortest-first weighting alone starves the long job of GPUs; the guard gives it its fastest grid
+    assert (off.by_job()[long_id].est_throughput or 0.0) < best * (1 - 1e-6)
+    assert on.by_job()[long_id].est_throughput >= best * (1 - 1e-9)
+
+
+def test_aging_follows_a_job_that_starts():
+    snap = generate_snapshot({"a100": (2, 4)}, 1, seed=4, running_fraction=1.0, deadline_fraction=0.0,
+                             models=["bert-760M"])
+    job = snap.jobs[0]
+    assert job.running is not None
+    opts = ArenaOptions(aging_per_hour=0.25)
+
+    def current_value(j):
+        s = snap.model_copy(update={"jobs": [j]})
+        p = build_problem(s, enumerate_grids(s, EST), opts)
+        return float(p.value[p.current][0])
+
+    # 2 h of waiting before it started: worth 1 + 0.25 * 2 times as much while it runs
+    assert current_value(job.model_copy(update={"waited_s": 7200.0})) == pytest.approx(1.5 * current_value(job))

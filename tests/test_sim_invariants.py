@@ -74,8 +74,16 @@ def test_invariants(policy, seed, cluster, estimator):
     samples = tl.integral("throughput", res.origin, res.end)
     assert samples == pytest.approx(sum(j["iterations"] * j["batch_size"] for j in res.jobs), rel=1e-6)
 
+    # no job finishes sooner than alone on its fastest grid (the bound reported as avg_jct_bound_s);
+    # its time spent waiting covers at least the queue before its first start, and at most its JCT
+    for j in res.jobs:
+        assert j["first_start"] - j["submit"] - 1e-9 <= j["waited_s"] <= j["finish"] - j["submit"] + 1e-9
+        alone = j["iterations"] * j["batch_size"] / j["best_throughput"]
+        assert j["finish"] - j["submit"] >= alone * (1 - 1e-9), j["id"]
+
     m = compute(res)
     assert m["finished"] == len(trace)
+    assert m["avg_jct_s"] >= m["avg_jct_bound_s"] * (1 - 1e-9)
     assert 0 < m["gpu_util"] <= m["gpu_alloc_util"] <= 1 + 1e-9
 
 

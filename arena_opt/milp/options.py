@@ -18,6 +18,10 @@ class ArenaOptions(BaseModel):
                          "1 = the Smith-rule weighting that minimizes average completion time, 0 = off")
     sjf_clip: PositiveFloat = Field(100.0, description="cap on that ratio, so a nearly finished job "
                                                        "cannot dominate the whole round")
+    speed_exponent: PositiveFloat = Field(
+        1.0, description="a grid is worth (its throughput / the job's fastest grid's)^this of the job's value: "
+                         "1 = completion rate; below 1 values running many jobs on fewer, more efficient "
+                         "GPUs each (breadth), above 1 values finishing few jobs fast")
     aging_per_hour: NonNegativeFloat = Field(
         0.25, description="waiting jobs gain this fraction of their value per hour waited, so nothing starves")
     max_aging: NonNegativeFloat = Field(20.0, description="cap on the aging multiplier")
@@ -28,6 +32,14 @@ class ArenaOptions(BaseModel):
     deadline_weight: NonNegativeFloat = Field(
         10.0, description="penalty per unit of missing fraction of the throughput a deadline needs, in units "
                          "of the most valuable job's value (x the job's weight)")
+    makespan_guard: bool = Field(
+        True, description="the job that would finish last even on its fastest grid (and any within one "
+                          "horizon of it), when that is later than the whole cluster could drain the remaining "
+                          "work, sets the makespan: it gets a deadline-like need of its fastest grid's "
+                          "throughput (weighted as deadlines), so SJF weighting cannot starve the critical path")
+    stay_bonus: NonNegativeFloat = Field(
+        0.0, description="a running job's current grid is worth this fraction more: hysteresis against "
+                         "reshuffles between near-equal solutions")
     gpu_epsilon: NonNegativeFloat = Field(
         1e-3, description="per-GPU tie-breaker: of two grids with equal value, take the smaller")
     max_reconfigs_per_round: NonNegativeInt | None = Field(

@@ -95,6 +95,24 @@ def _thresholds(g: int) -> list[int]:
     return out
 
 
+def critical_jobs(job_of: np.ndarray, tput: np.ndarray, gpus: np.ndarray, rem_samples: np.ndarray,
+                  best: np.ndarray, total_gpus: int, float_s: float) -> np.ndarray:
+    """Jobs on the makespan's critical path: the longest job on its fastest grid, and any other whose
+    float (how much later than the longest it would finish) is under `float_s`, provided that this
+    exceeds the time the whole cluster needs to drain all remaining work at every job's most
+    GPU-efficient grid. Every second such a job runs below its best speed pushes back the time the
+    last job finishes; a job with more float than one round can wait this round at no such cost."""
+    gpu_s_per_sample = np.full(len(best), np.inf)
+    ok = tput > 0
+    np.minimum.at(gpu_s_per_sample, job_of[ok], gpus[ok] / tput[ok])
+    has = np.isfinite(gpu_s_per_sample) & (best > 0) & (rem_samples > 0)
+    if not has.any() or total_gpus <= 0:
+        return np.array([], dtype=int)
+    drain_s = float((rem_samples[has] * gpu_s_per_sample[has]).sum()) / total_gpus
+    own_s = np.where(has, rem_samples / np.maximum(best, 1e-12), 0.0)
+    return np.flatnonzero(has & (own_s >= drain_s) & (own_s >= own_s.max() - float_s))
+
+
 def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts: ArenaOptions) -> ClusterProblem:
     jobs = snapshot.jobs
     jidx = {j.id: i for i, j in enumerate(jobs)}
@@ -115,13 +133,16 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
     finite = rem_time[np.isfinite(rem_time) & (rem_time > 0)]
     med = float(np.median(finite)) if len(finite) else 1.0
     sjf = np.clip(med / np.maximum(rem_time, 1e-9), 1.0 / opts.sjf_clip, opts.sjf_clip) ** opts.sjf_exponent
-    waited_h = np.array([0.0 if j.running else max(0.0, snapshot.time - j.submit_time) / 3600 for j in jobs])
+    # a job keeps the priority it earned by waiting once it runs: aging that restarts from zero at
+    # every start would preempt it again next round, then restart it, and so on
+    waited_h = np.array([(j.waited_s if j.waited_s is not None else
+                          0.0 if j.running else max(0.0, snapshot.time - j.submit_time)) / 3600 for j in jobs])
     aging = 1 + np.minimum(opts.aging_per_hour * waited_h, opts.max_aging)
     weight = np.array([j.weight for j in jobs])
     base = weight * sjf * aging
 
     norm = tput / np.maximum(best[job_of], 1e-12)
-    value = base[job_of] * norm
+    value = base[job_of] * norm ** opts.speed_exponent
     restart = np.zeros(len(flat))
     for k, g in enumerate(flat):
         job = jobs[job_of[k]]
@@ -129,6 +150,7 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
             continue
         restart[k] = opts.reconfig.delay_s(job.arch, g.num_gpus, resumed=job.total_iterations > job.remaining_iterations)
     value -= value * np.minimum(1.0, restart / opts.horizon_s)
+    value += opts.stay_bonus * value * current
     value -= opts.gpu_epsilon * base[job_of] * gpus / opts.max_gpus_per_job
 
     preempt = np.zeros(n)
@@ -150,9 +172,17 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
             # scaled by the largest job value so that a reachable deadline outweighs any one job's value
             dweight[i] = opts.deadline_weight * float(base.max()) * j.weight
 
+    pool_map = pools(snapshot)
+    if opts.makespan_guard and len(flat):
+        total_gpus = sum(p.gpus_per_node * len(p.node_ids) for p in pool_map.values())
+        for i in critical_jobs(job_of, tput, gpus, rem_samples, best, total_gpus, opts.horizon_s):
+            if need[i] < best[i]:
+                need[i] = best[i]
+                dweight[i] = opts.deadline_weight * float(base.max()) * jobs[i].weight
+
     pinfo: dict[tuple, PoolInfo] = {}
     node_pool = {}
-    for key, p in pools(snapshot).items():
+    for key, p in pool_map.items():
         pinfo[key] = PoolInfo(key, p.gpus_per_node, 0, {}, _thresholds(p.gpus_per_node))
         for nid in p.node_ids:
             node_pool[nid] = key
@@ -160,7 +190,7 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
         if j.running:
             for nid, gs in j.running.placement.items():
                 pinfo[node_pool[nid]].occupied.setdefault(nid, []).append((i, len(gs)))
-    for key, p in pools(snapshot).items():
+    for key, p in pool_map.items():
         pinfo[key].empty_nodes = sum(1 for nid in p.node_ids if nid not in pinfo[key].occupied)
 
     units = np.array([g.node_units(pinfo[g.pool].gpus_per_node) for g in flat], dtype=int)

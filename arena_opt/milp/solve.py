@@ -49,7 +49,9 @@ _HIGHS_STATUS = {"Optimal": "optimal", "Time limit reached": "time_limit", "Infe
 
 
 def solve_problem(p: ClusterProblem, *, time_limit_s: float, mip_gap: float, threads: int,
-                  backend: str = "pyomo") -> SolveResult:
+                  backend: str = "pyomo", start: dict[int, int] | None = None) -> SolveResult:
+    """`start`: a feasible selection (job -> grid) handed to HiGHS as its first incumbent (highspy
+    backend only): the search then prunes against it from the root."""
     threads = solver_threads(threads)
     if not p.grids:
         return SolveResult({}, "empty", p.objective({}), p.objective({}), 0.0, 0.0, 0.0)
@@ -61,7 +63,7 @@ def solve_problem(p: ClusterProblem, *, time_limit_s: float, mip_gap: float, thr
         lm = level1_rows(p)
         if backend == "highspy":
             t1 = time.perf_counter()
-            status, values, obj_model, bound_model = _solve_highspy(lm, time_limit_s, mip_gap, threads)
+            status, values, obj_model, bound_model = _solve_highspy(lm, time_limit_s, mip_gap, threads, start)
         elif backend == "pyomo":
             status, values, obj_model, bound_model, t1 = _solve_pyomo(lm, time_limit_s, mip_gap, threads)
         else:
@@ -125,14 +127,10 @@ def _highs():
     return _HIGHS
 
 
-def _solve_highspy(lm: LinearModel, time_limit_s: float, mip_gap: float, threads: int):
+def _solve_highspy(lm: LinearModel, time_limit_s: float, mip_gap: float, threads: int,
+                   start: dict[int, int] | None = None):
     import highspy
 
-    h = _highs()
-    h.clearModel()
-    h.setOptionValue("time_limit", float(time_limit_s))
-    h.setOptionValue("mip_rel_gap", float(mip_gap))
-    h.setOptionValue("threads", int(threads))
     n = len(lm.kinds)
     lp = highspy.HighsLp()
     lp.num_col_ = n
@@ -154,13 +152,33 @@ def _solve_highspy(lm: LinearModel, time_limit_s: float, mip_gap: float, threads
     lp.a_matrix_.value_ = np.fromiter((v for _, vals in lm.rows for v in vals), dtype=float, count=int(starts[-1]))
     lp.integrality_ = [highspy.HighsVarType.kContinuous if k == "C" else highspy.HighsVarType.kInteger
                        for k in lm.kinds]
+    start_x = None
+    if start is not None:
+        # only the grid binaries are given; HiGHS completes the integer and slack columns itself
+        start_x = np.zeros(lm.num_grids)
+        start_x[list(start.values())] = 1.0
+    word, info, col_value = run_highs(lp, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads,
+                                      start=start_x)
+    status = _HIGHS_STATUS.get(word, word)
+    values = list(col_value[: lm.num_grids]) if col_value is not None else None
+    obj = info.objective_function_value if col_value is not None else None
+    return status, values, obj, info.mip_dual_bound
+
+
+def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: np.ndarray | None = None):
+    """Solve a highspy HighsLp on the process's one HiGHS instance (the arena MILP and the baselines'
+    0/1 programs alike). `start`: values of the first len(start) columns as an initial incumbent.
+    Returns (HiGHS's status word, its info, the column values or None without a feasible point)."""
+    h = _highs()
+    h.clearModel()
+    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", float(mip_gap))
+    h.setOptionValue("threads", int(solver_threads(threads)))
     h.passModel(lp)
+    if start is not None:
+        h.setSolution(len(start), np.arange(len(start), dtype=np.int32), np.asarray(start, dtype=float))
     h.run()
     word = h.modelStatusToString(h.getModelStatus())
-    status = _HIGHS_STATUS.get(word, word)
     info = h.getInfo()
     has = info.primal_solution_status >= 2  # feasible point available
-    values = list(h.getSolution().col_value[: lm.num_grids]) if has else None
-    obj = info.objective_function_value if has else None
-    bound = info.mip_dual_bound
-    return status, values, obj, bound
+    return word, info, (np.asarray(h.getSolution().col_value) if has else None)

@@ -46,7 +46,7 @@ class PerfEstimator:
         # observed/estimated iteration-time ratio per (model, gpu type), from runners
         self.correction: dict[tuple[str, str], float] = {}
         # per-job grid options (grids.job_grids), valid until a correction changes
-        self.job_grid_cache: dict[tuple, list] = {}
+        self.job_grid_cache: dict[tuple, object] = {}
 
     @property
     def params(self) -> CostParams:

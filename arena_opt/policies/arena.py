@@ -70,7 +70,11 @@ class ArenaPolicy(GridPolicy):
         if o.shards > 1 and p.num_jobs >= 2 * o.shards:
             res = self._solve_sharded(p)
         else:
-            res = solve_problem(p, time_limit_s=o.time_limit_s, mip_gap=o.mip_gap, threads=o.threads, backend=o.backend)
+            # the greedy selection (running jobs kept, free GPUs filled) as HiGHS's first incumbent: the
+            # search prunes from the root, and a round whose best move gains less than the gap keeps it
+            start = greedy_select(p) if o.backend == "highspy" else None
+            res = solve_problem(p, time_limit_s=o.time_limit_s, mip_gap=o.mip_gap, threads=o.threads, backend=o.backend,
+                                start=start)
         stats = SolverStats(solver=f"highs via {o.backend}", status=res.status, objective=res.objective, bound=res.bound,
                             gap=res.gap, build_s=t_grids + res.build_s, solve_s=res.solve_s,
                             shards=o.shards if o.shards > 1 and p.num_jobs >= 2 * o.shards else 1,

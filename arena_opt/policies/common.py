@@ -365,3 +365,29 @@ def place_changes(pack: Packing, chosen: dict[str, Grid], current: dict[str, Gri
 def fifo(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=lambda j: (j.submit_time, j.id))
 
+
+def admit_fifo(snapshot: ClusterSnapshot, pack: Packing, current: dict[str, Grid], offers):
+    """Admission in submission order. `offers(job, current grid or None)` returns (the options the
+    job may be assigned, the grids to try placing it on in order, (why no option, why none fits)).
+    A running job is admitted with its options as they are; a newcomer only if one of its tries is
+    free now (it is then tentatively placed). Returns (admitted, tentative, reasons)."""
+    admitted: dict[str, list[Grid]] = {}
+    tentative: dict[str, Grid] = {}
+    reasons: dict[str, str] = {}
+    for job in fifo(snapshot.jobs):
+        opts, tries, why = offers(job, current.get(job.id))
+        if job.id in current:
+            admitted[job.id] = opts
+            continue
+        if not opts:
+            reasons[job.id] = why[0]
+            continue
+        for g in tries:
+            if pack.take(job.id, g) is not None:
+                admitted[job.id] = opts
+                tentative[job.id] = g
+                break
+        else:
+            reasons[job.id] = why[1]
+    return admitted, tentative, reasons
+

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
-from arena_opt.policies.common import PackedPolicy, fifo, place_changes
+from arena_opt.policies.common import PackedPolicy, admit_fifo, place_changes
 from arena_opt.policies.ilp import BinaryProgram
 
 
@@ -41,34 +41,22 @@ class GavelPolicy(PackedPolicy):
 
     def plan(self, snapshot):
         pack, current, held = self.start_state(snapshot)
-        reasons: dict[str, str] = {}
-        # admission: submission order, tentatively placed on the fastest type where the count fits
-        admitted: dict[str, list[Grid]] = {}  # job -> its grid per type at its fixed count
-        tentative: dict[str, Grid] = {}
         start = pack.mark()
-        for job in fifo(snapshot.jobs):
+
+        # admission: submission order, tentatively placed on the fastest type where the count fits
+        def offers(job, cur):
             opts = self.cache.options(job)
-            n = self._count(job, current.get(job.id), opts)
+            n = self._count(job, cur, opts)
             cands = self._cands(job.id, opts, n)
-            if job.id in current:
+            if cur is not None:
                 # a running job is offered only the types faster than its own: a move to a slower
                 # type lowers the objective unless it makes room for a newcomer, which admission
                 # (newcomers only take free GPUs) and the migration cap make rare
-                cur = current[job.id]
-                admitted[job.id] = [cur] + [g for g in cands if g.shape.gpu_type != cur.shape.gpu_type
-                                            and g.throughput > cur.throughput]
-                continue
-            if not cands:
-                reasons[job.id] = "no feasible grid at its GPU count"
-                continue
-            for g in cands:
-                if pack.take(job.id, g) is not None:
-                    admitted[job.id] = cands
-                    tentative[job.id] = g
-                    break
-            else:
-                reasons[job.id] = f"{n} GPUs of no type are free"
+                cands = [cur] + [g for g in cands if g.shape.gpu_type != cur.shape.gpu_type
+                                 and g.throughput > cur.throughput]
+            return cands, cands, ("no feasible grid at its GPU count", f"{n} GPUs of no type are free")
 
+        admitted, tentative, reasons = admit_fifo(snapshot, pack, current, offers)
         chosen, stats = self._types(snapshot, admitted, current, tentative)
         pack.rollback(start)  # back to the running jobs alone
         out, placements, more = place_changes(pack, chosen, current, held, tentative)

@@ -4,37 +4,10 @@ shared/MEASURED.md)."""
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
-
-_HIGHS = None
-
-
-def _highs():
-    """One HiGHS instance per process, created with stdout silenced (it prints a banner)."""
-    global _HIGHS
-    if _HIGHS is None:
-        import highspy
-
-        from arena_opt.milp.solve import solver_threads
-
-        fd = os.dup(1)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, 1)
-            h = highspy.Highs()
-        finally:
-            os.dup2(fd, 1)
-            os.close(fd)
-            os.close(devnull)
-        h.setOptionValue("output_flag", False)
-        # the thread count is fixed per process at the first solve: take the process-wide one
-        h.setOptionValue("threads", solver_threads(1))
-        _HIGHS = h
-    return _HIGHS
 
 
 @dataclass
@@ -91,19 +64,12 @@ class BinaryProgram:
         lp.a_matrix_.value_ = np.concatenate(self._value) if self._value else np.zeros(0)
         lp.integrality_ = [highspy.HighsVarType.kInteger] * self.n
         lp.sense_ = highspy.ObjSense.kMaximize
-        h = _highs()
-        h.clearModel()
-        h.setOptionValue("time_limit", float(time_limit_s))
-        h.setOptionValue("mip_rel_gap", float(mip_gap))
+        from arena_opt.milp.solve import run_highs
+
         t0 = time.perf_counter()
-        h.passModel(lp)
-        h.run()
+        status, info, col = run_highs(lp, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=1)
         dt = time.perf_counter() - t0
-        status = h.modelStatusToString(h.getModelStatus())
-        info = h.getInfo()
-        x = None
-        if info.primal_solution_status == 2:  # feasible incumbent
-            x = np.round(np.asarray(h.getSolution().col_value)).astype(np.int64)
+        x = np.round(col).astype(np.int64) if col is not None else None
         bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else None
         obj = float(self.c @ x) if x is not None else None
         return IlpResult(x, status, obj, bound, dt)

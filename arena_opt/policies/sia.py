@@ -21,7 +21,7 @@ from collections import defaultdict
 
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
-from arena_opt.policies.common import PackedPolicy, fifo, place_changes
+from arena_opt.policies.common import PackedPolicy, admit_fifo, place_changes
 from arena_opt.policies.ilp import BinaryProgram
 
 
@@ -37,31 +37,18 @@ class SiaPolicy(PackedPolicy):
 
     def plan(self, snapshot):
         pack, current, held = self.start_state(snapshot)
-        reasons: dict[str, str] = {}
-        admitted: dict[str, list[Grid]] = {}
-        tentative: dict[str, Grid] = {}
         start = pack.mark()
-        for job in fifo(snapshot.jobs):
-            opts = list(self.cache.options(job).values())
-            if job.id in current:
-                cur = current[job.id]
-                admitted[job.id] = [cur] + [g for g in opts if (g.shape.gpu_type, g.num_gpus) !=
-                                            (cur.shape.gpu_type, cur.num_gpus)]
-                continue
-            if not opts:
-                reasons[job.id] = "no feasible grid on this cluster"
-                continue
-            smallest = sorted(opts, key=lambda g: (g.num_gpus, -g.throughput))
-            for g in smallest:
-                if g.num_gpus > smallest[0].num_gpus:
-                    break
-                if pack.take(job.id, g) is not None:
-                    admitted[job.id] = opts
-                    tentative[job.id] = g
-                    break
-            else:
-                reasons[job.id] = f"its smallest configuration ({smallest[0].num_gpus} GPUs) is not free"
 
+        def offers(job, cur):
+            opts = list(self.cache.options(job).values())
+            if cur is not None:
+                return [cur] + [g for g in opts if (g.shape.gpu_type, g.num_gpus) != (cur.shape.gpu_type, cur.num_gpus)], [], ()
+            smallest = sorted(opts, key=lambda g: (g.num_gpus, -g.throughput))
+            tries = [g for g in smallest if g.num_gpus == smallest[0].num_gpus]
+            return opts, tries, ("no feasible grid on this cluster",
+                                 f"its smallest configuration ({smallest[0].num_gpus if opts else 0} GPUs) is not free")
+
+        admitted, tentative, reasons = admit_fifo(snapshot, pack, current, offers)
         chosen, stats = self._solve(snapshot, admitted, current, tentative)
         pack.rollback(start)  # back to the running jobs alone
         out, placements, more = place_changes(pack, chosen, current, held, tentative)

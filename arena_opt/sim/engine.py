@@ -195,7 +195,9 @@ class Simulator:
             return False
         ref = requested_grid(sj.spec, options)
         sj.ref_throughput = ref.throughput
+        sj.best_throughput = max(g.throughput for g in options.values())
         sj.status = WAITING
+        sj.wait_since = t
         sj.remaining = float(sj.total)
         sj.synced_at = t
         self.active[sj.index] = sj
@@ -222,11 +224,13 @@ class Simulator:
                     sj.running_state = RunningState.model_construct(gpu_type=sj.gpu_type, placement=sj.placement,
                                                                     plan=sj.plan, since=sj.since)
             elif sj.snap_job is not None and sj.snap_version == sj.version:
-                jobs.append(sj.snap_job)  # a waiting job whose state did not change since the last snapshot
+                # a waiting job whose state did not change since the last snapshot: only its wait grew
+                jobs.append(_copy(sj.snap_job, {"waited_s": sj.waited + (t - sj.wait_since)}))
                 continue
             sj.snap_job = _copy(sj.spec, {"remaining_iterations": min(float(sj.total), max(0.0, sj.remaining)),
                                           "running": sj.running_state if sj.status == RUNNING else None,
-                                          "attained_service_s": sj.gpu_seconds})
+                                          "attained_service_s": sj.gpu_seconds,
+                                          "waited_s": sj.waited + (t - sj.wait_since if sj.status == WAITING else 0.0)})
             sj.snap_version = sj.version
             jobs.append(sj.snap_job)
         snap = ClusterSnapshot.model_construct(version=1, time=t, gpu_catalog=self.cluster.gpu_catalog,
@@ -284,6 +288,7 @@ class Simulator:
                 self._release(sj)
                 if d.action == "preempt":
                     sj.status = WAITING
+                    sj.wait_since = t
                     sj.preemptions += 1
                     self.n_running -= 1
                     self.n_waiting += 1
@@ -297,6 +302,7 @@ class Simulator:
                 else:
                     sj.first_start = t
                 sj.starts += 1
+                sj.waited += t - sj.wait_since
                 sj.status = RUNNING
                 self.n_waiting -= 1
                 self.n_running += 1
@@ -366,6 +372,7 @@ class Simulator:
             "starts": sj.starts, "reconfigs": sj.reconfigs, "preemptions": sj.preemptions,
             "gpu_seconds": sj.gpu_seconds, "productive_gpu_seconds": sj.productive_gpu_seconds,
             "restart_seconds": sj.restart_seconds, "ref_throughput": sj.ref_throughput,
+            "best_throughput": sj.best_throughput, "waited_s": sj.waited,
             "requested_gpu_type": sj.spec.requested_gpu_type, "requested_num_gpus": sj.spec.requested_num_gpus,
             "reject_reason": sj.reject_reason,
         }

@@ -42,6 +42,9 @@ class SimJob:
     productive_gpu_seconds: float = 0.0
     restart_seconds: float = 0.0
     ref_throughput: float = 0.0  # samples/s on the requested grid (truth), for normalization
+    waited: float = 0.0  # seconds waited (queued or preempted) before wait_since
+    wait_since: float = 0.0  # start of the current waiting spell
+    best_throughput: float = 0.0  # samples/s on its fastest grid (truth): the contention-free bound
     reject_reason: str | None = None
     # snapshot objects reused while nothing they hold changes (see Simulator._tick)
     snap_job: Job | None = None
