@@ -248,7 +248,12 @@ def test_makespan_guard_keeps_the_critical_job_at_full_speed():
     long_id = jobs[0].id
     best = max(g.throughput for g in enumerate_grids(snap, EST)[long_id])
     off = ArenaPolicy(ArenaOptions(makespan_guard=False, mip_gap=0.0), estimator=EST).decide(snap)
-    on = ArenaPolicy(ArenaOptions(mip_gap=0.0), estimator=EST).decide(snap)
+    # weighted like deadlines (the default weighs it as one most valuable job: here its fastest grid
+    # would take the whole cluster from three short jobs, which that weight does not buy)
+    opts = ArenaOptions(mip_gap=0.0, makespan_weight=10.0)
+    p = ArenaPolicy(opts, estimator=EST).problem(snap)
+    assert np.flatnonzero(p.guard_need > 0).tolist() == [p.job_ids.index(long_id)]
+    on = ArenaPolicy(opts, estimator=EST).decide(snap)
     check_decision(snap, on)
     # shortest-first weighting alone starves the long job of GPUs; the guard gives it its fastest grid
     assert (off.by_job()[long_id].est_throughput or 0.0) < best * (1 - 1e-6)

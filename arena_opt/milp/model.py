@@ -5,7 +5,7 @@
          sum_{k in pool p, new, units_k >= s} units_k x_k
              <= s*floor(G/s)*empty_p + sum_{b occupied} s*floor(free_b/s)    for every pool p, size s
          s w_{b,s} + sum_{j on b} gpus_{j,b} x_{cur(j)} <= G                 nodes shared by running jobs
-         sum_{k in j} tput_k x_k + slack_j >= need_j                        soft deadlines
+         sum_{k in j} tput_k x_k + slack_j >= need_j          soft deadlines, makespan guard
          sum_{j running} (1 - x_{cur(j)}) <= max_reconfigs                  optional
 
 The rows are generated once (`level1_rows`) as plain sparse data; `to_pyomo` states them as a Pyomo
@@ -103,11 +103,12 @@ def level1_rows(p: ClusterProblem) -> LinearModel:
                     terms[cur_of[j]] = terms.get(cur_of[j], 0.0) + float(held)
             lm.add_row(f"pack[{key[0]},{key[1]},{s}]", terms, hi=const)
 
-    for j in range(p.num_jobs):
-        if p.deadline_need[j] > 0 and j in by_job:
-            sl = lm.add_var("C", -float(p.deadline_weight[j] / p.deadline_need[j]))
-            lm.add_row(f"deadline[{p.job_ids[j]}]", {**{k: float(p.throughput[k]) for k in by_job[j]}, sl: 1.0},
-                       lo=float(p.deadline_need[j]))
+    for name, need, weight in p.soft_targets():
+        for j in range(p.num_jobs):
+            if need[j] > 0 and j in by_job:
+                sl = lm.add_var("C", -float(weight[j] / need[j]))
+                lm.add_row(f"{name}[{p.job_ids[j]}]", {**{k: float(p.throughput[k]) for k in by_job[j]}, sl: 1.0},
+                           lo=float(need[j]))
 
     if p.max_reconfigs is not None and run_jobs:
         kept = {cur_of[j]: -1.0 for j in run_jobs if j in cur_of}

@@ -36,7 +36,10 @@ class ArenaOptions(BaseModel):
         True, description="the job that would finish last even on its fastest grid (and any within one "
                           "horizon of it), when that is later than the whole cluster could drain the remaining "
                           "work, sets the makespan: it gets a deadline-like need of its fastest grid's "
-                          "throughput (weighted as deadlines), so SJF weighting cannot starve the critical path")
+                          "throughput, so SJF weighting cannot starve the critical path")
+    makespan_weight: NonNegativeFloat = Field(
+        1.0, description="penalty per unit of missing fraction of that throughput, in units of the most "
+                         "valuable job's value: above any one job's preference, below deadlines")
     stay_bonus: NonNegativeFloat = Field(
         0.0, description="a running job's current grid is worth this fraction more: hysteresis against "
                          "reshuffles between near-equal solutions")

@@ -49,6 +49,18 @@ class ClusterProblem:
     deadline_weight: np.ndarray  # per job penalty per unit of missing fraction
     max_reconfigs: int | None
     waiting_reason: dict[str, str] = field(default_factory=dict)
+    guard_need: np.ndarray | None = None  # samples/s the makespan guard asks for (0 = not critical)
+    guard_weight: np.ndarray | None = None
+
+    def soft_targets(self) -> list[tuple[str, np.ndarray, np.ndarray]]:
+        """(name, need, weight) of every soft throughput target: penalty weight * missing fraction."""
+        out = [("deadline", self.deadline_need, self.deadline_weight)]
+        if self.guard_need is not None:
+            out.append(("makespan", self.guard_need, self.guard_weight))
+        return out
+
+    def targeted(self) -> np.ndarray:
+        return np.logical_or.reduce([need > 0 for _, need, _ in self.soft_targets()])
 
     @property
     def num_jobs(self) -> int:
@@ -64,9 +76,10 @@ class ClusterProblem:
         for j in np.flatnonzero(self.running):
             if j not in sel:
                 total -= self.preempt_penalty[j]
-        for j in np.flatnonzero(self.deadline_need > 0):
-            got = self.throughput[sel[j]] if j in sel else 0.0
-            total -= self.deadline_weight[j] * max(0.0, 1 - got / self.deadline_need[j])
+        for _, need, weight in self.soft_targets():
+            for j in np.flatnonzero(need > 0):
+                got = self.throughput[sel[j]] if j in sel else 0.0
+                total -= weight[j] * max(0.0, 1 - got / need[j])
         return total
 
     def feasible(self, sel: dict[int, int]) -> bool:
@@ -173,12 +186,12 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
             dweight[i] = opts.deadline_weight * float(base.max()) * j.weight
 
     pool_map = pools(snapshot)
+    gneed, gweight = np.zeros(n), np.zeros(n)
     if opts.makespan_guard and len(flat):
         total_gpus = sum(p.gpus_per_node * len(p.node_ids) for p in pool_map.values())
-        for i in critical_jobs(job_of, tput, gpus, rem_samples, best, total_gpus, opts.horizon_s):
-            if need[i] < best[i]:
-                need[i] = best[i]
-                dweight[i] = opts.deadline_weight * float(base.max()) * jobs[i].weight
+        crit = critical_jobs(job_of, tput, gpus, rem_samples, best, total_gpus, opts.horizon_s)
+        gneed[crit] = best[crit]
+        gweight[crit] = opts.makespan_weight * float(base.max()) * weight[crit]
 
     pinfo: dict[tuple, PoolInfo] = {}
     node_pool = {}
@@ -200,4 +213,4 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
         job_ids=[j.id for j in jobs], grids=flat, job_of=job_of, value=value, units=units,
         pool_of=[g.pool for g in flat], current=current, throughput=tput, pools=pinfo, running=running,
         preempt_penalty=preempt, deadline_need=need, deadline_weight=dweight,
-        max_reconfigs=opts.max_reconfigs_per_round, waiting_reason=reasons)
+        max_reconfigs=opts.max_reconfigs_per_round, waiting_reason=reasons, guard_need=gneed, guard_weight=gweight)

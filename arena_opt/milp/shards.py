@@ -44,7 +44,8 @@ def split(p: ClusterProblem, shards: int, seed: int = 0) -> list[tuple[ClusterPr
         np.maximum.at(best, p.job_of, p.value)
     # deal in snake order over comparable components (deadline jobs first, then by value), so every shard
     # gets a like share of deadlines, of valuable jobs and of nodes' worth of demand
-    comps.sort(key=lambda c: (-sum(p.deadline_need[j] > 0 for j in c), -sum(best[j] for j in c)))
+    targeted = p.targeted()
+    comps.sort(key=lambda c: (-sum(targeted[j] for j in c), -sum(best[j] for j in c)))
     members: list[list[int]] = [[] for _ in range(shards)]
     order = list(range(shards)) + list(range(shards - 1, -1, -1))
     for i, c in enumerate(comps):
@@ -74,6 +75,8 @@ def restrict(p: ClusterProblem, jobs: np.ndarray, s: int = 0, shards: int = 1) -
         pool_of=[p.pool_of[k] for k in ks], current=p.current[ks], throughput=p.throughput[ks], pools=pools,
         running=take(p.running), preempt_penalty=take(p.preempt_penalty), deadline_need=take(p.deadline_need),
         deadline_weight=take(p.deadline_weight),
+        guard_need=None if p.guard_need is None else take(p.guard_need),
+        guard_weight=None if p.guard_weight is None else take(p.guard_weight),
         max_reconfigs=None if p.max_reconfigs is None else max(0, p.max_reconfigs // shards))
 
 

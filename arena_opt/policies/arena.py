@@ -24,7 +24,7 @@ def candidates(p: ClusterProblem, factor: float | None) -> np.ndarray | None:
     if factor is None or not len(p.grids):
         return None
     total = sum(pi.gpus_per_node * (pi.empty_nodes + len(pi.occupied)) for pi in p.pools.values())
-    must = p.running | (p.deadline_need > 0)
+    must = p.running | p.targeted()
     density = np.full(p.num_jobs, -np.inf)
     smallest = np.full(p.num_jobs, np.inf)
     np.maximum.at(density, p.job_of, p.value / np.maximum(p.units, 1))
