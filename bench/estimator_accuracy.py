@@ -4,12 +4,15 @@ and every (pp, dp, tp) plan shape that fits each model.
 
     python bench/estimator_accuracy.py [--out bench/results] [--steps 6] [--models gpt-350M,moe-690M,...]
 
-Per model: profile its layers (`arena_opt.profiling.layers`, one thread, CPU-time clock), benchmark
-the collectives over 2 and 4 processes once, then run every plan with `arena_opt.profiling.measure`
-(`runners.parallelize`: DDP, FSDP2, DTensor tp, 1F1B pipelining) and compare with
-`arena_opt.profiling.compose.plan_time`. A measured plan time is the median step; the least
-disturbed step (minimum) is reported too, since the host is shared with other work. Writes
-estimator_accuracy.json and .md.
+Per model: profile its layers (`arena_opt.profiling.layers`, one thread, CPU-time clock; tp and FSDP2
+samples as the runtime wraps the layer, on a fake process group), benchmark the collectives (wall
+and per-rank CPU time) over 2 and 4 processes once, then run every plan with
+`arena_opt.profiling.measure` (`runners.parallelize`: DDP, FSDP2, DTensor tp, 1F1B pipelining; one
+thread per rank like the profiler) and compare with `arena_opt.profiling.compose.plan_time`
+(processor-sharing run of the schedule on this host's cores). Nothing is fitted to the measured
+plans: every term comes from the per-layer profiles and the collective micro-benchmarks. A measured
+plan time is the median step after warm-up; the least disturbed step (minimum) is reported too,
+since the host may be shared with other work. Writes estimator_accuracy.json and .md.
 """
 
 from __future__ import annotations
@@ -77,6 +80,20 @@ def plans_for(arch, world: int) -> list[Plan]:
     return out
 
 
+def cpu_work(prof, plan: Plan, comm, topo) -> float:
+    """CPU seconds all ranks of a plan spend per step in the composition (layers, collectives' CPU
+    time, optimizer): checked against the ranks' measured CPU time, it tells compute terms apart
+    from scheduling."""
+    from runners.stages import default_stages
+
+    p = pc.layer_parts(prof, comm, topo, batch=BATCH, dp=plan.dp, tp=plan.tp, m=plan.num_microbatches,
+                       pp=plan.pp, recompute=plan.recompute)
+    per_mb = p.fwd_s + p.bwd_s + p.comm_cpu_fwd_s + p.comm_cpu_bwd_s
+    stages = list(plan.stages) or default_stages(prof.arch, plan.pp)
+    return plan.dp * plan.tp * sum(plan.num_microbatches * per_mb[a:e].sum() + p.tail_cpu_s[a:e].sum()
+                                   + p.dp_cpu_s[a:e].sum() + p.call_s for a, e in stages)
+
+
 def loadavg() -> float:
     try:
         return os.getloadavg()[0]
@@ -90,17 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(SCALES))
     ap.add_argument("--worlds", default="1,2,4")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per plan (DTensor / FSDP2 caches, allocator)")
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per layer shape")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     cores = cpu_cores()
     worlds = [int(w) for w in args.worlds.split(",")]
-    log(f"{cores} CPU cores, load average {loadavg():.1f}")
+    la_start = loadavg()
+    log(f"{cores} CPU cores, load average {la_start:.1f}")
 
     t0 = time.perf_counter()
     points = commbench.run(tuple(w for w in worlds if w > 1), repeats=7, progress=log)
     db = pdb.ProfileDB()
-    for f in commbench.fit(points, "cpu", "gloo", "loopback"):
+    for f in commbench.fit(points, "cpu", "gloo", "loopback", cores=cores):
         db.put_comm(f)
     comm_s = time.perf_counter() - t0
     comm = pc.comm_model(db, "cpu")
@@ -111,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models.split(","):
         arch = scaled_arch(get_arch(name), **SCALES[name])
         t0 = time.perf_counter()
-        prof = profile_model(arch, micro_batches=(1, 2, 4, 8), tp_degrees=(1, 2, 4), repeats=args.repeats,
-                             warmup=2, threads=1, progress=None)
+        prof = profile_model(arch, micro_batches=(1, 2, 4, 8), tp_degrees=(1, 2, 4), dp_degrees=(2,),
+                             repeats=args.repeats, warmup=2, threads=1, progress=None)
         profile_s[name] = time.perf_counter() - t0
         db.put_model(prof)
         log(f"{arch.name}: profiled in {profile_s[name]:.0f} s")
@@ -122,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             la = loadavg()
             t0 = time.perf_counter()
-            res = measure_each([Case(arch, p, BATCH) for p in plans], steps=args.steps, warmup=2)
+            res = measure_each([Case(arch, p, BATCH) for p in plans], steps=args.steps, warmup=args.warmup)
             log(f"{arch.name}: {len(plans)} plans on {w} processes measured in {time.perf_counter() - t0:.0f} s")
             for plan, r in zip(plans, res):
                 if "error" in r:
@@ -132,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 bg = r["ambient_runnable"] or 0.0
                 est = pc.plan_time(prof, plan, BATCH, comm, topo).iter_time_s
+                est_cpu = cpu_work(prof, plan, comm, topo)
+                meas_cpu = r["own_cpu_s"] / len(r["times"])
                 est_load = pc.plan_time(prof, plan, BATCH, comm,
                                         pc.Topology(intra="loopback", cores=cores, background=bg)).iter_time_s
                 rows.append({"model": name, "arch": arch.name, "world": w, "plan": plan.describe(),
@@ -139,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                              "measured_s": r["iter_s"], "measured_min_s": min(r["times"]), "steps_s": r["times"],
                              "load_avg": la, "other_runnable": bg, "other_cores_busy": r["ambient_cores"],
                              "rel_err": est / r["iter_s"] - 1, "rel_err_min": est / min(r["times"]) - 1,
-                             "rel_err_load_aware": est_load / r["iter_s"] - 1})
+                             "rel_err_load_aware": est_load / r["iter_s"] - 1,
+                             "estimate_cpu_s": est_cpu, "measured_cpu_s": meas_cpu, "rel_err_cpu": est_cpu / meas_cpu - 1})
                 log(f"  {plan.describe():22s} est {est:.3f} s (load-aware {est_load:.3f})  meas {r['iter_s']:.3f} s "
                     f"(min {min(r['times']):.3f}, other tenants {bg:.1f} runnable)  "
                     f"err {100 * rows[-1]['rel_err']:+.1f}% / {100 * rows[-1]['rel_err_load_aware']:+.1f}%")
@@ -147,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     by_world = defaultdict(list)
     by_world_min = defaultdict(list)
     by_world_load = defaultdict(list)
+    by_world_cpu = defaultdict(list)
     for r in rows:
+        by_world_cpu[r["world"]].append(r["rel_err_cpu"])
         by_world[r["world"]].append(r["rel_err"])
         by_world_min[r["world"]].append(r["rel_err_min"])
         by_world_load[r["world"]].append(r["rel_err_load_aware"])
@@ -157,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
                "per_world": {str(w): err_stats(v) for w, v in sorted(by_world.items())},
                "per_world_vs_min_step": {str(w): err_stats(v) for w, v in sorted(by_world_min.items())},
                "per_world_load_aware": {str(w): err_stats(v) for w, v in sorted(by_world_load.items())},
+               "per_world_cpu": {str(w): err_stats(v) for w, v in sorted(by_world_cpu.items())},
+               "load_avg_start": la_start, "load_avg_end": loadavg(), "steps": args.steps, "warmup": args.warmup,
                "all": err_stats([r["rel_err"] for r in rows]), "rows": rows, "failed": failed,
-               "comm_fits": [f.model_dump(exclude={"points"}) for f in db.comm]}
+               "comm_fits": [f.model_dump(exclude={"points", "cpu_points"}) for f in db.comm]}
     args.out.mkdir(parents=True, exist_ok=True)
     pdb.save(db, args.out / "estimator_accuracy_profiles.json")
     md = render(payload)
@@ -172,37 +198,56 @@ def render(p: dict) -> str:
     m = p["machine"]
     out = ["# Composed estimate vs direct multi-process measurement (CPU, gloo)\n",
            f"Command: `{p['command']}` (git {p['git']}), {p['seconds']:.0f} s on {m.get('cpu_model', m['processor'])}"
-           f" ({p['cores']} cores, shared with other work), torch {m.get('torch')}. Global batch {p['batch']}.\n",
-           "Estimate: layer profiles (one thread, CPU-time clock) + alpha-beta fits of gloo collectives, composed "
-           "by `arena_opt.profiling.compose.plan_time`. Measured: `runners.parallelize` training step "
-           "(forward, backward, gradient sync, AdamW), slowest rank, median of the timed steps.\n",
+           f" ({p['cores']} cores; load average {p['load_avg_start']:.1f} at the start, {p['load_avg_end']:.1f} at "
+           f"the end), torch {m.get('torch')}. Global batch {p['batch']}; {p['warmup']} warm-up and {p['steps']} "
+           "timed steps per plan.\n",
+           "Estimate (`arena_opt.profiling.compose.plan_time`), every term measured on one process or by a "
+           "micro-benchmark, nothing fitted to the plans below: per-layer forward/backward (one thread, CPU-time "
+           "clock, fresh inputs per repeat; the last layer with the loss; tp > 1 through the runtime's DTensor "
+           "sharding and FSDP2 (dp 2) samples through `fully_shard`, both on a fake process group), optimizer "
+           "step per layer and its fixed per-call cost once per stage, gloo collectives as alpha-beta fits of "
+           "wall time and of per-rank CPU time, and the 1F1B schedule run as processor sharing of the host's "
+           "cores (ranks computing, or spending CPU in a collective, share the cores; waiting ranks do not). "
+           "Measured: `runners.parallelize` training step (forward, backward, gradient sync, AdamW), slowest "
+           "rank, median of the timed steps.\n",
            f"Profiling took {', '.join(f'{k} {v:.0f} s' for k, v in p['profile_s'].items())}; "
            f"the collective benchmark {p['comm_bench_s']:.0f} s.\n",
            "## Relative error per process count (estimate / measured median - 1)\n",
            md_table(["processes", "plans", "mean |err|", "max |err|", "median signed"],
                     [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
                      for w, s in p["per_world"].items()]),
-           "\nLoad-aware estimate (the runnable tasks of other tenants, sampled during the run, share the cores: "
-           "compute scaled by (processes + other runnable) / cores):\n",
+           "\nLoad-aware estimate (the runnable tasks of other tenants, sampled by the launching process during the "
+           "run, enter the processor-sharing schedule as background load; the sample also counts some of the ranks' "
+           "own threads caught between states, so it is biased upwards with 4 ranks):\n",
            md_table(["processes", "plans", "mean |err|", "max |err|", "median signed"],
                     [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
                      for w, s in p["per_world_load_aware"].items()]),
+           "\nCPU work (all ranks' CPU seconds per step, estimated vs measured process CPU time): separates the "
+           "compute terms from scheduling:\n",
+           md_table(["processes", "plans", "mean |err|", "max |err|", "median signed"],
+                    [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
+                     for w, s in p["per_world_cpu"].items()]),
            "\nAgainst the least disturbed (minimum) step:\n",
            md_table(["processes", "plans", "mean |err|", "max |err|", "median signed"],
                     [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
                      for w, s in p["per_world_vs_min_step"].items()]),
            "\n## Every plan\n",
            md_table(["model", "processes", "plan", "estimate s", "load-aware s", "measured s (median)", "min step s",
-                     "error", "load-aware error", "other runnable"],
+                     "error", "load-aware error", "other runnable", "CPU s est / meas"],
                     [[r["arch"], r["world"], r["plan"], f"{r['estimate_s']:.3f}", f"{r['estimate_load_aware_s']:.3f}",
                       f"{r['measured_s']:.3f}", f"{r['measured_min_s']:.3f}", fmt_pct(r["rel_err"]),
-                      fmt_pct(r["rel_err_load_aware"]), f"{r['other_runnable']:.1f}"] for r in p["rows"]]),
+                      fmt_pct(r["rel_err_load_aware"]), f"{r['other_runnable']:.1f}",
+                      f"{r['estimate_cpu_s']:.2f} / {r['measured_cpu_s']:.2f}"] for r in p["rows"]]),
            "\nPlans the runners could not run: " + ("none" if not p["failed"] else "; ".join(
                f"{f['arch']} {f['plan']} on {f['world']} ({f['error'][-160:]})" for f in p["failed"])) + "\n",
            "\n## Collective fits (gloo, loopback)\n",
-           md_table(["collective", "group", "alpha us", "GB/s", "mean fit error"],
+           md_table(["collective", "group", "alpha us", "GB/s", "mean fit error", "CPU alpha us", "CPU GB/s",
+                     "CPU fit error"],
                     [[c["collective"], c["group"] or "all", f"{1e6 * c['alpha_s']:.0f}",
-                      f"{c['bandwidth_bps'] / 1e9:.2f}", fmt_pct(c["mean_rel_err"])] for c in p["comm_fits"]]),
+                      f"{c['bandwidth_bps'] / 1e9:.2f}", fmt_pct(c["mean_rel_err"]),
+                      "-" if c.get("cpu_alpha_s") is None else f"{1e6 * c['cpu_alpha_s']:.0f}",
+                      "-" if c.get("cpu_bandwidth_bps") is None else f"{c['cpu_bandwidth_bps'] / 1e9:.2f}",
+                      fmt_pct(c.get("cpu_mean_rel_err"))] for c in p["comm_fits"]]),
            ]
     return "\n".join(out)
 

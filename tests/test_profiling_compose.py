@@ -1,6 +1,7 @@
 """Composition of plans from (synthetic) profiles, checked against iteration times computed by
 hand; profiles feeding the planner; roofline transfer between GPU types."""
 
+import numpy as np
 import pytest
 
 from arena_opt.gpus import BUILTIN_GPUS
@@ -144,3 +145,117 @@ def test_profile_transfers_to_another_gpu_by_roofline_loads():
     ratio = roofline_load_s(table, a10, micro_batch_size=4) / roofline_load_s(table, h200, micro_batch_size=4)
     assert on_a10.step_s == pytest.approx(on_h200.step_s * ratio)
     assert (ratio > 1).all()
+
+
+# ---------------------------------------------------------------- runtime pieces measured on one device
+
+
+def fsdp_profile(call=0.0):
+    """`profile()` plus FSDP2 (dp = 2) samples at tp 1: forward 1.5x, backward 1.25x the plain layer,
+    sync work 2 ms, optimizer 0.4 ms on the shard, and an optimizer call cost."""
+    base = profile()
+    layers = []
+    for lp in base.layers:
+        extra = [s.model_copy(update={"dp": 2, "fwd_s": 1.5 * s.fwd_s, "bwd_s": 1.25 * s.bwd_s, "sync_s": 2 * MS,
+                                      "optim_s": 0.4 * MS}) for s in lp.samples if s.tp == 1]
+        layers.append(lp.model_copy(update={"samples": lp.samples + extra}))
+    return base.model_copy(update={"layers": layers, "optim_call_s": call})
+
+
+def test_fsdp_plan_uses_the_measured_fsdp_samples_and_one_optimizer_call_per_stage():
+    # pp 2 x dp 2 x tp 1 (FSDP2), b = 8 / (2 * 2) = 2: the dp = 2 samples at b = 2 are
+    # fwd 1.5 * (fwd at b=2), bwd 1.25 * (bwd at b=2) (profile(): at b = 2 fwd/bwd are the base values)
+    call = 0.1 * MS
+    plan = Plan(pp=2, dp=2, tp=1, num_microbatches=2, stages=[(0, 2), (2, 4)])
+    res = plan_time(fsdp_profile(call), plan, 8, comm(), Topology())
+    embed = 1.5 * 1 * MS + 1.25 * 2 * MS + 2 * ag(1000 * 4)
+    block = 1.5 * 10 * MS + 1.25 * 20 * MS + 2 * ag(2000 * 4)
+    head = 1.5 * 5 * MS + 1.25 * 10 * MS + 2 * ag(500 * 4)
+    h = 2 * 4 * 8 * 4
+    t0 = embed + block + 2 * (ALPHA + h / BW)
+    t1 = block + head
+    # tail per layer: reduce-scatter + sync work + measured shard optimizer step less the call cost
+    tail = {p: ag(p * 4) + 2 * MS + (0.4 * MS - call) for p in (1000, 2000, 500)}
+    expected = max(3 * t0 + tail[1000] + tail[2000], 3 * t1 + tail[2000] + tail[500]) + call
+    assert res.stage_time_s == pytest.approx([t0, t1], rel=1e-12)
+    assert res.iter_time_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_profile_without_fsdp_samples_falls_back_to_the_sharded_optimizer():
+    plan = Plan(pp=2, dp=2, tp=1, num_microbatches=2, stages=[(0, 2), (2, 4)])
+    lc = layer_costs(profile(), comm(), Topology(), batch=8, dp=2, tp=1, m=2, pp=2)
+    assert lc.optim_s == pytest.approx([0.25 * MS] * 4)  # 0.5 ms measured step / dp
+    lc2 = layer_costs(fsdp_profile(), comm(), Topology(), batch=8, dp=2, tp=1, m=2, pp=2)
+    assert lc2.optim_s == pytest.approx([2.4 * MS] * 4)  # sync 2 ms + shard step 0.4 ms
+    assert plan.num_gpus == 4
+
+
+def _uniform_parts(n_layers, fwd, bwd, tail=0.0, comm_f=0.0):
+    from arena_opt.profiling.compose import LayerParts
+
+    z = np.zeros(n_layers)
+    return LayerParts(fwd_s=z + fwd, bwd_s=z + bwd, comm_fwd_s=z + comm_f, comm_bwd_s=z.copy(), p2p_s=z.copy(),
+                      dp_s=z.copy(), tail_cpu_s=z + tail, comm_cpu_fwd_s=z.copy(), comm_wait_fwd_s=z + comm_f,
+                      comm_cpu_bwd_s=z.copy(), comm_wait_bwd_s=z.copy(), dp_cpu_s=z.copy(), dp_wait_s=z.copy(),
+                      static_bytes=z.copy(), act_bytes=z.copy(), peak_bytes=z.copy(), call_s=0.0)
+
+
+def test_processor_sharing_schedule_by_hand():
+    from arena_opt.profiling.compose import ps_schedule
+
+    # 2 stages of one layer each, forward 1 s, backward 2 s, 2 micro-batches, no communication.
+    parts = _uniform_parts(2, 1.0, 2.0)
+    # a core per rank: the 1F1B closed form (m + pp - 1) * (F + B) = 3 * 3
+    assert ps_schedule(parts, [(0, 1), (1, 2)], 2, 1, cores=2) == pytest.approx(9.0)
+    # one core for both ranks: F0 alone (1), F1 | F0' shared (2), B0' alone (2), B0 | F1' shared (2),
+    # B0 | B1' shared (2), B1' alone (1), B1 alone (2): 12 = all the work on one core, nothing idle
+    assert ps_schedule(parts, [(0, 1), (1, 2)], 2, 1, cores=1) == pytest.approx(12.0)
+    # no pipelining, 4 ranks on 2 cores: compute at half speed, waits (collectives) at full speed
+    flat = _uniform_parts(1, 1.0, 2.0, tail=0.5, comm_f=0.25)
+    assert ps_schedule(flat, [(0, 1)], 2, 4, cores=2) == pytest.approx(2 * (1 / 0.5 + 0.25 + 2 / 0.5) + 0.5 / 0.5)
+    # a background load of one busy core among 2 cores for 1 rank: 2 / (1 + 1) = full speed still
+    assert ps_schedule(flat, [(0, 1)], 2, 1, cores=2, background=1.0) == pytest.approx(2 * 3.25 + 0.5)
+
+
+def test_plan_time_on_a_shared_host_is_the_processor_sharing_schedule():
+    from arena_opt.profiling.compose import layer_parts, ps_schedule
+
+    plan = Plan(pp=1, dp=4, tp=1, num_microbatches=1)
+    topo = Topology(cores=2)
+    parts = layer_parts(profile(), comm(), topo, batch=8, dp=4, tp=1, m=1, pp=1)
+    t = plan_time(profile(), plan, 8, comm(), topo).iter_time_s
+    assert t == pytest.approx(ps_schedule(parts, [(0, 4)], 1, 4, cores=2))
+    # no pipeline: the processor-sharing run equals compute x world / cores plus the rest
+    lc = layer_costs(profile(), comm(), topo, batch=8, dp=4, tp=1, m=1, pp=1)
+    assert t == pytest.approx(lc.step_s.sum() + lc.allreduce_s.sum() + 2 * lc.optim_s.sum())
+
+
+def test_collective_cpu_time_competes_for_cores():
+    from arena_opt.profiling.compose import ps_schedule
+
+    # measured on 2 cores: all-reduce over 4 ranks, wall alpha-beta ALPHA / BW, per-rank CPU 0.5 ms per
+    # alpha step and bandwidth 2 GB/s -> at 4 ranks on 2 cores, wall = cpu * 2 + wait
+    cpu_ab = AlphaBeta(alpha_s=0.5 * MS, bandwidth_bps=2e9)
+    cm = CommModel(comm().fits, {}, {("loopback", "all_reduce", None): (cpu_ab, 2)})
+    h = 1e6
+    wall, cpu, wait = cm.split("all_reduce", h, 4, "loopback")
+    assert wall == pytest.approx(ar(h, 4))
+    assert cpu == pytest.approx(6 * 0.5 * MS + 1.5 * h / 2e9)
+    assert wait == pytest.approx(wall - 2 * cpu)
+    # 2 ranks on 2 cores: each has a core, wall = cpu + wait
+    wall2, cpu2, wait2 = cm.split("all_reduce", h, 2, "loopback")
+    assert wait2 == pytest.approx(wall2 - cpu2) and cpu2 > 0
+    # a CPU fit larger than the wall time allows is capped: no negative wait
+    greedy = CommModel(comm().fits, {}, {("loopback", "all_reduce", None): (AlphaBeta(alpha_s=1.0, bandwidth_bps=1e9), 2)})
+    assert greedy.split("all_reduce", h, 4, "loopback") == pytest.approx((ar(h, 4), ar(h, 4) / 2, 0.0))
+    # in the schedule the CPU part is shared with computing ranks, the wait part is not
+    from arena_opt.profiling.compose import LayerParts
+
+    z = np.zeros(1)
+
+    lp = LayerParts(fwd_s=z + 1.0, bwd_s=z + 2.0, comm_fwd_s=z + 0.5, comm_bwd_s=z.copy(), p2p_s=z.copy(),
+                    dp_s=z.copy(), tail_cpu_s=z.copy(), comm_cpu_fwd_s=z + 0.2, comm_wait_fwd_s=z + 0.1,
+                    comm_cpu_bwd_s=z.copy(), comm_wait_bwd_s=z.copy(), dp_cpu_s=z.copy(), dp_wait_s=z.copy(),
+                    static_bytes=z.copy(), act_bytes=z.copy(), peak_bytes=z.copy(), call_s=0.0)
+    # 4 ranks, 2 cores: (1 + 0.2) * 2 + 0.1 forward, 2 * 2 backward
+    assert ps_schedule(lp, [(0, 1)], 1, 4, cores=2) == pytest.approx(1.2 * 2 + 0.1 + 4.0)

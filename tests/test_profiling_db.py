@@ -36,7 +36,7 @@ def test_round_trip_and_keys(tmp_path):
     (lambda r: r["models"][0]["layers"][1].update(indices=[1]), r"cover indices 0\.\.3"),
     (lambda r: r["models"][0].update(model="other"), r"does not match arch\.name"),
     (lambda r: r["models"][0]["layers"][0]["samples"].append(r["models"][0]["layers"][0]["samples"][0]),
-     r"repeat a \(tp, micro_batch\)"),
+     r"repeat a \(tp, dp, micro_batch\)"),
     (lambda r: r["comm"].append({"device": "cpu", "backend": "gloo", "link": "loopback", "collective": "broadcast",
                                  "alpha_s": 0, "bandwidth_bps": 1, "mean_rel_err": 0}), r"field comm\.0\.collective"),
 ])
@@ -73,3 +73,37 @@ def test_profile_command_errors(tmp_path, capsys):
     bad.write_text('{"format": "arena-opt-profile", "version": 7}')
     assert main(["profile", "--model", "gpt-350M", "--out", str(bad)]) == 2
     assert "version" in capsys.readouterr().err
+
+
+def test_profiles_without_the_runtime_fields_still_load(tmp_path):
+    raw = json.loads(pdb.ProfileDB(models=[profile()]).model_dump_json())
+    for lp in raw["models"][0]["layers"]:
+        for s in lp["samples"]:
+            del s["dp"], s["sync_s"]
+    del raw["models"][0]["optim_call_s"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(raw))
+    m = pdb.load(path).models[0]
+    assert m.optim_call_s == 0.0 and all(s.dp == 1 and s.sync_s == 0.0 for lp in m.layers for s in lp.samples)
+    assert m.layers[0].dp_degrees(1) == []
+
+
+def test_collective_fits_recover_wall_and_cpu_parameters():
+    from arena_opt.perf.comm import AlphaBeta
+    from arena_opt.profiling import commbench
+    from arena_opt.profiling.compose import comm_model
+
+    wall, cpu = AlphaBeta(alpha_s=5e-4, bandwidth_bps=1e9), AlphaBeta(alpha_s=2e-4, bandwidth_bps=2e9)
+    points = [{"collective": "all_reduce", "group": g, "bytes": nb, "seconds": float(wall.time("all_reduce", nb, g)),
+               "cpu_seconds": float(cpu.time("all_reduce", nb, g))} for g in (2, 4) for nb in (1024, 2 ** 20, 2 ** 24)]
+    fits = commbench.fit(points, "cpu", "gloo", "loopback", cores=2)
+    assert [f.group for f in fits] == [None, 2, 4]
+    for f in fits:
+        assert f.alpha_s == pytest.approx(5e-4) and f.bandwidth_bps == pytest.approx(1e9)
+        assert f.cpu_alpha_s == pytest.approx(2e-4) and f.cpu_bandwidth_bps == pytest.approx(2e9) and f.cores == 2
+    d = pdb.ProfileDB(comm=fits)
+    cm = comm_model(d, "cpu")
+    assert cm.cpu_fits[("loopback", "all_reduce", 4)][1] == 2
+    # points without CPU times (older databases): wall fits only
+    old = commbench.fit([{k: v for k, v in p.items() if k != "cpu_seconds"} for p in points], "cpu", "gloo", "loopback")
+    assert all(f.cpu_alpha_s is None for f in old) and comm_model(pdb.ProfileDB(comm=old), "cpu").cpu_fits == {}

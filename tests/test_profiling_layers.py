@@ -33,6 +33,11 @@ def test_profile_covers_layers_and_scales_with_shapes(name):
         assert s4.act_bytes > s1.act_bytes and s4.out_bytes == 4 * s1.out_bytes
         if 2 in tps and lp.kind in ("block", "moe_block"):
             assert lp.at(2)[0].params < s1.params  # the tp shard holds fewer parameters
+        # FSDP2 samples (dp = 2, fake process group) at every tp and micro-batch, same shapes
+        assert [(s.tp, s.micro_batch) for s in lp.samples if s.dp == 2] == [(t, b) for t in tps for b in (2, 8)]
+        assert [s.params for s in lp.at(1, 2)] == [s.params for s in lp.at(1)]
+        assert all(s.sync_s == 0.0 for s in lp.at(1))
+    assert prof.optim_call_s > 0
     pdb.ProfileDB(models=[prof])  # validates
 
 

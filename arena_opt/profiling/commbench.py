@@ -4,7 +4,10 @@ latency-bandwidth (alpha-beta) fit per collective (`arena_opt.perf.comm.fit_alph
 
 Sizes are bytes of the collective's full buffer (all-reduce input, all-gather output, reduce-scatter
 input, p2p message). A point's time is the slowest rank's median over `repeats` calls after
-`warmup`; p2p is half a ping-pong between ranks 0 and 1.
+`warmup`; p2p is half a ping-pong between ranks 0 and 1. Each point also records the CPU time a
+rank's process spends on the collective (mean over ranks, median over calls; all threads, gloo's
+included): on a CPU host the collectives' copies, reductions and socket work compete with compute
+for the cores, and a second alpha-beta fit of these CPU times lets the composition charge them.
 """
 
 from __future__ import annotations
@@ -59,19 +62,24 @@ def _bench(rank: int, world: int, port: int, sizes: list[int], warmup: int, repe
                     dist.send(x, 0)
             ops["p2p"] = p2p
         for name, op in ops.items():
-            times = []
+            times, cpus = [], []
             for r in range(warmup + repeats):
                 dist.barrier()
                 sync()
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 op()
                 sync()
                 dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dc = torch.tensor([time.process_time() - c0], dtype=torch.float64)
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                dist.all_reduce(dc)
                 if r >= warmup:
-                    times.append(float(dt) / (2 if name == "p2p" else 1))
+                    half = 2 if name == "p2p" else 1
+                    times.append(float(dt) / half)
+                    # p2p: only ranks 0 and 1 take part
+                    cpus.append(float(dc) / (2 if name == "p2p" else world) / half)
             points.append({"collective": name, "group": 2 if name == "p2p" else world, "bytes": n * 4,
-                           "seconds": statistics.median(times)})
+                           "seconds": statistics.median(times), "cpu_seconds": statistics.median(cpus)})
     if rank == 0:
         Path(out).write_text(json.dumps(points))
     dist.destroy_process_group()
@@ -95,10 +103,11 @@ def run(world_sizes: tuple[int, ...] = (2, 4), sizes: tuple[int, ...] = DEFAULT_
     return points
 
 
-def fit(points: list[dict], device: str, backend: str, link: str) -> list[CommFit]:
+def fit(points: list[dict], device: str, backend: str, link: str, cores: int | None = None) -> list[CommFit]:
     """Alpha-beta fits per collective: one over all group sizes (through the ring factors) and one
     per group size. Processes sharing fewer cores than they are (4 ranks on 2 CPU cores) pay
-    scheduling delays the ring factors do not describe; the per-group fits keep them."""
+    scheduling delays the ring factors do not describe; the per-group fits keep them. Points with
+    `cpu_seconds` get a fit of the per-rank CPU time too; `cores`: the host's cores they ran on."""
     out = []
     for coll in COLLECTIVES:
         pts = [p for p in points if p["collective"] == coll]
@@ -109,9 +118,15 @@ def fit(points: list[dict], device: str, backend: str, link: str) -> list[CommFi
                 continue
             ab, err = fit_alpha_beta(coll, [p["group"] for p in sel], [p["bytes"] for p in sel],
                                      [p["seconds"] for p in sel])
+            cpu = {}
+            if all(p.get("cpu_seconds", 0) > 0 for p in sel):
+                cab, cerr = fit_alpha_beta(coll, [p["group"] for p in sel], [p["bytes"] for p in sel],
+                                           [p["cpu_seconds"] for p in sel])
+                cpu = dict(cpu_alpha_s=cab.alpha_s, cpu_bandwidth_bps=cab.bandwidth_bps, cpu_mean_rel_err=cerr,
+                           cores=cores, cpu_points=[(p["group"], p["bytes"], p["cpu_seconds"]) for p in sel])
             out.append(CommFit(device=device, backend=backend, link=link, collective=coll, group=group,
                                alpha_s=ab.alpha_s, bandwidth_bps=ab.bandwidth_bps, mean_rel_err=err,
-                               points=[(p["group"], p["bytes"], p["seconds"]) for p in sel]))
+                               points=[(p["group"], p["bytes"], p["seconds"]) for p in sel], **cpu))
     return out
 
 

@@ -8,21 +8,30 @@ Format (`format = "arena-opt-profile"`, `version = 1`):
         {"model": "gpt-350M@h64l4", "arch": {...},  # the exact architecture profiled
          "device": "cpu", "device_name": "AMD EPYC ...", "dtype": "fp32", "threads": 1,
          "torch": "2.13.0", "created": "2026-...Z", "clock": "thread", "warmup": 2, "repeats": 5,
+         "optim_call_s": ...,                       # fixed cost of one optimizer step call
          "layers": [                                # one entry per distinct layer shape
            {"indices": [1, 2, 3, 4], "kind": "block",
-            "samples": [                            # keyed by (tp, micro_batch)
-              {"tp": 1, "micro_batch": 2, "fwd_s": ..., "bwd_s": ..., "optim_s": ...,
+            "samples": [                            # keyed by (tp, dp, micro_batch)
+              {"tp": 1, "dp": 1, "micro_batch": 2, "fwd_s": ..., "bwd_s": ..., "sync_s": 0, "optim_s": ...,
                "act_bytes": ..., "out_bytes": ..., "params": ...}]}]}],
       "comm": [                                     # keyed by (device, backend, link, collective, group)
         {"device": "cpu", "backend": "gloo", "link": "loopback", "collective": "all_reduce",
          "group": 4, "alpha_s": ..., "bandwidth_bps": ..., "mean_rel_err": ...,
-         "points": [[group_size, bytes, seconds], ...]}]
+         "points": [[group_size, bytes, seconds], ...],
+         "cpu_alpha_s": ..., "cpu_bandwidth_bps": ..., "cpu_mean_rel_err": ..., "cores": 2,  # optional
+         "cpu_points": [[group_size, bytes, cpu_seconds_per_rank], ...]}]
     }
 
 Times are medians in seconds for one micro-batch on one rank (`fwd_s`, `bwd_s` of the layer's
-shard under tp, `optim_s` one optimizer step of its parameters); `act_bytes` are the bytes autograd
+shard under tp, as the runtime wraps it (DTensor) where it does, the last layer's including the
+loss; `optim_s` one optimizer step of its parameters). Samples with `dp` > 1 ran under FSDP2 over dp
+ranks (collectives excluded): forward and backward of a micro-batch without gradient sync,
+`sync_s` the extra backward work of the micro-batch that synchronises, `optim_s` the step on the
+1/dp shard. `optim_call_s` is the fixed cost of one optimizer step call that every layer's
+`optim_s` includes once. `act_bytes` are the bytes autograd
 keeps for the backward pass, `out_bytes` the layer output (what a pipeline stage sends), `params`
-the parameters one tp rank holds. Files are JSON only (never pickle); a file of another format or
+the parameters one tp rank holds. `dp`, `sync_s` and `optim_call_s` are optional (profiles written
+before they existed read as dp = 1, no sync work, no per-call cost). Files are JSON only (never pickle); a file of another format or
 version, or with a bad field, is rejected with the file, field and value in the message.
 """
 
@@ -50,9 +59,11 @@ class _Strict(BaseModel):
 
 class LayerSample(_Strict):
     tp: PositiveInt
+    dp: PositiveInt = 1
     micro_batch: PositiveInt
     fwd_s: PositiveFloat
     bwd_s: PositiveFloat
+    sync_s: NonNegativeFloat = 0.0
     optim_s: NonNegativeFloat
     act_bytes: NonNegativeInt
     out_bytes: NonNegativeInt
@@ -66,17 +77,21 @@ class LayerProfile(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> "LayerProfile":
-        keys = [(s.tp, s.micro_batch) for s in self.samples]
+        keys = [(s.tp, s.dp, s.micro_batch) for s in self.samples]
         if len(set(keys)) != len(keys):
-            raise ValueError("samples repeat a (tp, micro_batch) shape")
+            raise ValueError("samples repeat a (tp, dp, micro_batch) shape")
         return self
 
-    def at(self, tp: int) -> list[LayerSample]:
-        return sorted((s for s in self.samples if s.tp == tp), key=lambda s: s.micro_batch)
+    def at(self, tp: int, dp: int = 1) -> list[LayerSample]:
+        return sorted((s for s in self.samples if s.tp == tp and s.dp == dp), key=lambda s: s.micro_batch)
 
     @property
     def tp_degrees(self) -> list[int]:
-        return sorted({s.tp for s in self.samples})
+        return sorted({s.tp for s in self.samples if s.dp == 1})
+
+    def dp_degrees(self, tp: int) -> list[int]:
+        """FSDP degrees measured at this tp (dp > 1 only)."""
+        return sorted({s.dp for s in self.samples if s.tp == tp and s.dp > 1})
 
 
 class ModelProfile(_Strict):
@@ -91,6 +106,7 @@ class ModelProfile(_Strict):
     clock: Literal["wall", "thread"] = "wall"
     warmup: NonNegativeInt = 0
     repeats: PositiveInt = 1
+    optim_call_s: NonNegativeFloat = 0.0
     layers: list[LayerProfile] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -135,6 +151,12 @@ class CommFit(_Strict):
     bandwidth_bps: PositiveFloat
     mean_rel_err: NonNegativeFloat
     points: list[tuple[PositiveInt, PositiveInt, PositiveFloat]] = Field(default_factory=list)
+    # per-rank CPU time of the collective (same alpha-beta form), measured on a host of `cores` cores
+    cpu_alpha_s: NonNegativeFloat | None = None
+    cpu_bandwidth_bps: PositiveFloat | None = None
+    cpu_mean_rel_err: NonNegativeFloat | None = None
+    cores: PositiveInt | None = None
+    cpu_points: list[tuple[PositiveInt, PositiveInt, PositiveFloat]] = Field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str, str, str, int | None]:
@@ -142,6 +164,11 @@ class CommFit(_Strict):
 
     def alpha_beta(self) -> AlphaBeta:
         return AlphaBeta(alpha_s=self.alpha_s, bandwidth_bps=self.bandwidth_bps)
+
+    def cpu_alpha_beta(self) -> AlphaBeta | None:
+        if self.cpu_alpha_s is None or self.cpu_bandwidth_bps is None:
+            return None
+        return AlphaBeta(alpha_s=self.cpu_alpha_s, bandwidth_bps=self.cpu_bandwidth_bps)
 
 
 class ProfileDB(_Strict):
@@ -166,6 +193,12 @@ class ProfileDB(_Strict):
         """(link, collective, group size or None) -> fitted alpha-beta for one device (and backend)."""
         return {(c.link, c.collective, c.group): c.alpha_beta() for c in self.comm
                 if c.device == device and backend in (None, c.backend)}
+
+    def comm_cpu_fits(self, device: str, backend: str | None = None
+                      ) -> dict[tuple[str, str, int | None], tuple[AlphaBeta, int | None]]:
+        """(link, collective, group size or None) -> (fit of the per-rank CPU time, cores measured on)."""
+        return {(c.link, c.collective, c.group): (ab, c.cores) for c in self.comm
+                if c.device == device and backend in (None, c.backend) and (ab := c.cpu_alpha_beta()) is not None}
 
 
 def load(path: str | Path) -> ProfileDB:

@@ -4,13 +4,32 @@ has under tensor parallelism of degree 2, 4, 8 (`models.torch_layers.build_layer
 builds one rank's shard; its collectives are not run here, the composition adds them).
 
 Layers with identical rows in the layer table have identical shapes (e.g. all blocks of a GPT), so
-one of each is measured. Each measurement: `warmup` untimed runs, then the median of `repeats`.
-Activation memory is what autograd saves for the backward pass (saved-tensor hooks), which does
-not depend on the device's allocator.
+one of each is measured. Each measurement: `warmup` untimed runs, then the median of `repeats`,
+each repeat on fresh inputs (a new batch every step, as in training: MoE routing, and with it the
+shapes every expert sees, changes from step to step). Activation memory is what autograd saves for
+the backward pass (saved-tensor hooks), which does not depend on the device's allocator.
+
+What the runtime adds around a layer is profiled on the one device too, on a fake process group
+(`torch.distributed` "fake" backend: every collective returns at once, the composition adds their
+time from the collective fits):
+- tensor parallelism (tp > 1) times the layer as `runners.parallelize` shards it (DTensor
+  `parallelize_module` over a tp-rank mesh): the local shard's compute plus DTensor's dispatch,
+  sharding propagation and redistribution work, which the hand-built shard alone does not show;
+- FSDP2 (`dp_degrees`, samples with dp > 1): the layer under `fully_shard` over a dp-rank mesh (on
+  top of tp): parameter all-gather copy-in/out and hooks in forward and backward of a micro-batch
+  that does not synchronise gradients, `sync_s` the extra backward work of the one that does, and
+  the optimizer step on the sharded (DTensor) parameters;
+- the loss (cross-entropy of the last layer's output, as `models.torch_layers.loss_fn`) is part of
+  the last layer's forward and backward;
+- `optim_call_s`: the fixed cost of one optimizer step call (AdamW on a one-element parameter); each
+  layer's `optim_s` includes it once, a pipeline stage pays it once for all its layers.
+Without a fake backend (or with a process group already initialised) tp samples fall back to the
+hand-built shards and no dp samples are taken.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
@@ -99,42 +118,172 @@ def _saved_bytes(layer, x) -> tuple[object, int]:
     return out, sum(seen.values())
 
 
-def measure_layer(arch: Arch, index: int, tp: int, b: int, shape, integer: bool, device, warmup: int,
-                  repeats: int, clock=time.perf_counter) -> LayerSample:
+def _fresh_input(shape, integer: bool, b: int, arch: Arch, device, gen, grad: bool = True):
+    """A new input batch; `grad`: whether backward computes its gradient (not for the model's input)."""
     import torch
 
-    from models.torch_layers import build_layer
+    full = (b, *shape[1:])
+    if integer:
+        return torch.randint(0, arch.vocab, full, generator=gen).to(device)
+    return torch.randn(full, generator=gen).to(device).requires_grad_(grad)
 
-    layer = build_layer(arch, index, tp, seed=0).to(device)
+
+def _labels(arch: Arch, out, gen):
+    """Labels for the loss on the last layer's output (tokens or classes)."""
+    import torch
+
+    n_cls = out.shape[-1]
+    return torch.randint(0, n_cls, out.shape[:-1], generator=gen).to(out.device)
+
+
+@contextlib.contextmanager
+def fake_group(world: int):
+    """A fake process group of `world` ranks in this process, or None when there is none to be had
+    (no fake backend in this torch, or a process group is already initialised)."""
+    import torch.distributed as dist
+
+    if world <= 1 or not dist.is_available() or dist.is_initialized():
+        yield None
+        return
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError:
+        yield None
+        return
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        yield _Meshes(world)
+    finally:
+        dist.destroy_process_group()
+
+
+class _Meshes:
+    """(dp, tp) device meshes over the fake group, built once each."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self._cache: dict[tuple[str, int, int], object] = {}
+
+    def get(self, device_type: str, dp: int, tp: int):
+        if self.world % (dp * tp):
+            return None
+        key = (device_type, dp, tp)
+        if key not in self._cache:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._cache[key] = init_device_mesh(device_type, (self.world // (dp * tp), dp, tp),
+                                                mesh_dim_names=("rest", "dp", "tp"))
+        return self._cache[key]
+
+
+def runtime_shards(arch: Arch, index: int) -> bool:
+    """Whether `runners.parallelize` shards this layer with DTensor under tp (the transformer layers)."""
+    return arch.family != "wide_resnet" and layer_table(arch).kinds[index] in ("embed", "block", "moe_block",
+                                                                               "head")
+
+
+def _runtime_layer(arch: Arch, index: int, tp: int, dp: int, mesh, device):
+    """Layer `index` wrapped as the runtime wraps it: DTensor tp over mesh["tp"], FSDP2 over mesh["dp"]."""
+    import torch
+
+    from models.torch_layers import LayerStack
+    from runners.parallelize import _tensor_parallel
+
+    with torch.device(device):
+        stack = LayerStack(arch, index, index + 1, seed=0)
+    if tp > 1:
+        _tensor_parallel(stack, mesh["tp"])
+    if dp > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in stack.layers.values():
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(stack, mesh=mesh["dp"])
+    return stack
+
+
+def measure_layer(arch: Arch, index: int, tp: int, b: int, shape, integer: bool, device, warmup: int,
+                  repeats: int, clock=time.perf_counter, *, dp: int = 1, mesh=None, loss: bool = False
+                  ) -> LayerSample:
+    """One (tp, dp, micro-batch) sample of layer `index`. With a `mesh` (fake group) and tp > 1 or
+    dp > 1 the layer runs as the runtime wraps it; memory and parameter counts always come from the
+    hand-built tp shard. `loss`: the loss on the output is part of forward and backward."""
+    import torch
+
+    from models.torch_layers import build_layer, loss_fn
+
+    shard = build_layer(arch, index, tp, seed=0).to(device)
     x = _make_input(shape, integer, b, arch, device)
-    out, act = _saved_bytes(layer, x)
-    grad = torch.ones_like(out)
-    out.backward(grad)
+    out, act = _saved_bytes(shard, x)
+    out_bytes = out.numel() * out.element_size()
+    n_params = sum(p.numel() for p in shard.parameters())
+    wrapped = mesh is not None and (dp > 1 or (tp > 1 and runtime_shards(arch, index)))
+    layer = _runtime_layer(arch, index, tp, dp, mesh, device) if wrapped else shard
+    del out
+    gen = torch.Generator().manual_seed(1000 + index)
     opt = torch.optim.AdamW(layer.parameters(), lr=1e-4)
-    fwd, bwd, stp = [], [], []
-    for r in range(warmup + repeats):
-        if x.requires_grad:
-            x.grad = None
+
+    def fwd_bwd(sync: bool) -> tuple[float, float]:
+        xi = _fresh_input(shape, integer, b, arch, device, gen, grad=index > 0)
+        if dp > 1:
+            layer.set_requires_gradient_sync(sync)
         _sync(device)
         t0 = clock()
-        out = layer(x)
+        y = layer(xi)
+        _sync(device)
+        f = clock() - t0
+        if loss:  # labels untimed, the loss timed as part of forward
+            labels = _labels(arch, y, gen)
+            t0 = clock()
+            y = loss_fn(y, labels)
+            _sync(device)
+            f += clock() - t0
+        grad = None if loss else torch.ones_like(y)
         _sync(device)
         t1 = clock()
-        out.backward(grad)
+        y.backward(grad)
+        _sync(device)
+        return f, clock() - t1
+
+    fwd, bwd, bsync, stp = [], [], [], []
+    for r in range(warmup + repeats):
+        f, bw = fwd_bwd(sync=dp == 1)
+        if dp > 1:  # a step of 2 micro-batches: the first without gradient sync, the second with it
+            _, bs = fwd_bwd(sync=True)
         _sync(device)
         t2 = clock()
         opt.step()
         _sync(device)
         t3 = clock()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=dp > 1)
         if r >= warmup:
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
+            fwd.append(f)
+            bwd.append(bw)
             stp.append(t3 - t2)
-    n_params = sum(p.numel() for p in layer.parameters())
-    return LayerSample(tp=tp, micro_batch=b, fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd),
-                       optim_s=statistics.median(stp) if n_params else 0.0, act_bytes=act,
-                       out_bytes=out.numel() * out.element_size(), params=n_params)
+            if dp > 1:
+                bsync.append(bs)
+    sync_s = max(0.0, statistics.median(bsync) - statistics.median(bwd)) if bsync else 0.0
+    return LayerSample(tp=tp, dp=dp, micro_batch=b, fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd),
+                       sync_s=sync_s, optim_s=statistics.median(stp) if n_params else 0.0, act_bytes=act,
+                       out_bytes=out_bytes, params=n_params)
+
+
+def optimizer_call_s(device, repeats: int = 30, clock=time.perf_counter) -> float:
+    """Fixed cost of one optimizer step call: AdamW over one one-element parameter (median)."""
+    import torch
+
+    p = torch.nn.Parameter(torch.zeros(1, device=device))
+    opt = torch.optim.AdamW([p], lr=1e-4)
+    times = []
+    for r in range(5 + repeats):
+        p.grad = torch.ones_like(p)
+        _sync(device)
+        t0 = clock()
+        opt.step()
+        _sync(device)
+        if r >= 5:
+            times.append(clock() - t0)
+    return statistics.median(times)
 
 
 def _tp_ok(arch: Arch, index: int, tp: int) -> bool:
@@ -150,10 +299,12 @@ def _tp_ok(arch: Arch, index: int, tp: int) -> bool:
 
 
 def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, ...] = (1, 2, 4, 8),
-                  tp_degrees: tuple[int, ...] = (1, 2, 4, 8), warmup: int = 2, repeats: int = 5,
+                  tp_degrees: tuple[int, ...] = (1, 2, 4, 8), dp_degrees: tuple[int, ...] = (2,),
+                  warmup: int = 2, repeats: int = 5,
                   threads: int | None = 1, clock: str | None = None,
                   progress: Progress | None = _stderr) -> ModelProfile:
-    """Measure every distinct layer of `arch` at every (tp, micro-batch) that its shapes allow.
+    """Measure every distinct layer of `arch` at every (tp, micro-batch) that its shapes allow, and
+    under FSDP2 over each of `dp_degrees` (dp > 1 samples, for plans that shard data parallelism).
 
     `clock`: "wall" (synchronized wall time; the default on CUDA) or "thread" (CPU time of the one
     compute thread; the default on CPU, where it does not count the time other tenants of the host
@@ -168,23 +319,36 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     if dev.type == "cpu" and threads:
         torch.set_num_threads(threads)
     groups = distinct_layers(arch)
+    last = layer_table(arch).num_layers - 1
     shapes = _input_shapes(arch, {idx[0] for _, idx in groups}, dev)
-    todo = [(kind, idx, tp) for kind, idx in groups for tp in tp_degrees if _tp_ok(arch, idx[0], tp)]
+    dps = [d for d in dp_degrees if d > 1]
+    todo = [(kind, idx, tp, dp) for kind, idx in groups for tp in tp_degrees if _tp_ok(arch, idx[0], tp)
+            for dp in [1, *dps]]
+    world = max(tp_degrees) * max([1, *dps])
     total = len(todo) * len(micro_batches)
     done, t_start = 0, time.perf_counter()
     layers = []
     by_group: dict[int, list[LayerSample]] = {}
-    for kind, idx, tp in todo:
-        shape, integer = shapes[idx[0]]
-        for b in micro_batches:
-            s = measure_layer(arch, idx[0], tp, b, shape, integer, dev, warmup, repeats, clock_fn)
-            by_group.setdefault(idx[0], []).append(s)
-            done += 1
-            if progress:
-                el = time.perf_counter() - t_start
-                progress(f"[profile] {done}/{total} layer {idx[0]} ({kind}, x{len(idx)}) tp={tp} mb={b}: "
-                         f"fwd {1e3 * s.fwd_s:.2f} ms, bwd {1e3 * s.bwd_s:.2f} ms, act {s.act_bytes / 2**20:.2f} MiB"
-                         f"  [{el:.0f} s, eta {el / done * (total - done):.0f} s]")
+    with fake_group(world) as meshes:
+        if meshes is None:
+            todo = [t for t in todo if t[3] == 1]
+            total = len(todo) * len(micro_batches)
+        for kind, idx, tp, dp in todo:
+            shape, integer = shapes[idx[0]]
+            mesh = meshes.get(dev.type, dp, tp) if meshes is not None else None
+            if dp > 1 and mesh is None:
+                continue
+            for b in micro_batches:
+                s = measure_layer(arch, idx[0], tp, b, shape, integer, dev, warmup, repeats, clock_fn, dp=dp,
+                                  mesh=mesh, loss=idx[0] == last)
+                by_group.setdefault(idx[0], []).append(s)
+                done += 1
+                if progress:
+                    el = time.perf_counter() - t_start
+                    progress(f"[profile] {done}/{total} layer {idx[0]} ({kind}, x{len(idx)}) tp={tp} dp={dp} "
+                             f"mb={b}: fwd {1e3 * s.fwd_s:.2f} ms, bwd {1e3 * s.bwd_s:.2f} ms, "
+                             f"act {s.act_bytes / 2**20:.2f} MiB  [{el:.0f} s, eta {el / done * (total - done):.0f} s]")
+    call_s = optimizer_call_s(dev, clock=clock_fn)
     for kind, idx in groups:
         layers.append(LayerProfile(indices=idx, kind=kind, samples=by_group[idx[0]]))
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine())
@@ -197,7 +361,7 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     return ModelProfile(model=arch.name, arch=arch, device=dev.type, device_name=name, dtype="fp32",
                         threads=torch.get_num_threads() if dev.type == "cpu" else 1, torch=torch.__version__,
                         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), clock=clock, warmup=warmup,
-                        repeats=repeats, layers=layers)
+                        repeats=repeats, optim_call_s=call_s, layers=layers)
 
 
 def cpu_cores() -> int:

@@ -6,7 +6,9 @@ Each step is timed between two barriers on every rank (forward + backward of all
 gradient synchronisation, optimizer step); a step's time is the slowest rank's, and a plan's time
 is the median over the timed steps after warm-up. Over the timed steps the host's CPU time used by
 processes other than the ranks is recorded too (`ambient_cores`: cores busy with other work on
-average), the co-located load a load-aware estimate accounts for.
+average), the co-located load a load-aware estimate accounts for, and the run queue of other tasks
+(`ambient_runnable`), sampled by the launching process, not by a rank: a sampling thread inside a
+rank would take CPU time and the GIL from the step it measures.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,13 +55,15 @@ def _running_tasks(pids: list[int]) -> int:
 class RunQueueSampler:
     """Average number of runnable tasks on the host that are not ours (/proc/stat procs_running
     minus our processes' runnable threads and the sampler itself), sampled every `period_s`:
-    the demand of co-located work, which CPU time used cannot show once the host is saturated."""
+    the demand of co-located work, which CPU time used cannot show once the host is saturated.
+    `stamped` keeps (wall clock, value) pairs to average over a window afterwards."""
 
     def __init__(self, pids: list[int], period_s: float = 0.02):
         import threading
 
         self.pids, self.period_s = pids, period_s
         self.samples: list[int] = []
+        self.stamped: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -69,7 +74,9 @@ class RunQueueSampler:
                     running = next(int(ln.split()[1]) for ln in f if ln.startswith("procs_running"))
             except (OSError, StopIteration):
                 return
-            self.samples.append(max(0, running - 1 - _running_tasks(self.pids)))
+            v = max(0, running - 1 - _running_tasks(self.pids))
+            self.samples.append(v)
+            self.stamped.append((time.time(), v))
 
     def __enter__(self) -> "RunQueueSampler":
         self._thread.start()
@@ -82,6 +89,10 @@ class RunQueueSampler:
     @property
     def mean(self) -> float | None:
         return sum(self.samples) / len(self.samples) if self.samples else None
+
+    def mean_between(self, t0: float, t1: float) -> float | None:
+        vals = [v for t, v in self.stamped if t0 <= t <= t1]
+        return sum(vals) / len(vals) if vals else None
 
 
 @dataclass(frozen=True)
@@ -98,9 +109,11 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmup: int, threads: int,
-            out_path: str, device: str) -> None:
-    """One rank: every case in order, the same on all ranks."""
-    import time
+            out_path: str, device: str, coll_timeout_s: float = 180.0) -> None:
+    """One rank: every case in order, the same on all ranks. Rank 0 rewrites `out_path` after every
+    case, so a launch that fails keeps what it measured; a collective that waits longer than
+    `coll_timeout_s` (a plan the runtime cannot run, stuck in mismatched collectives) fails the rank."""
+    from datetime import timedelta
 
     import torch
     import torch.distributed as dist
@@ -113,24 +126,20 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world)
-    pids = [None] * world
-    dist.all_gather_object(pids, os.getpid())
+                            rank=rank, world_size=world, timeout=timedelta(seconds=coll_timeout_s))
     results = []
     for case in json.loads(cases_json):
         arch, plan, batch = Arch.model_validate(case["arch"]), Plan.model_validate(case["plan"]), case["batch"]
         pm = parallelize(arch, plan, dev, "ddp", seed=0)
         opt = torch.optim.AdamW(pm.module.parameters(), lr=1e-4)
         times = []
-        busy0 = cpu0 = wall0 = None
-        sampler = RunQueueSampler(pids)
+        busy0 = cpu0 = wall0 = stamp0 = None
         for step in range(warmup + steps):
             x, y = synthetic_batch(arch, step, batch)
             dist.barrier()
             if step == warmup:  # other tenants' CPU use over the timed steps: host busy time minus ours
-                busy0, cpu0, wall0 = host_busy_core_seconds(), time.process_time(), time.perf_counter()
-                if rank == 0:
-                    sampler.__enter__()
+                busy0, cpu0, wall0, stamp0 = (host_busy_core_seconds(), time.process_time(), time.perf_counter(),
+                                              time.time())
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             t0 = time.perf_counter()
@@ -143,29 +152,35 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)
             if step >= warmup:
                 times.append(float(dt))
-        if rank == 0:
-            sampler.__exit__()
+        stamp1 = time.time()
         ours = torch.tensor([time.process_time() - cpu0], dtype=torch.float64)
         dist.all_reduce(ours)
         busy1, wall = host_busy_core_seconds(), time.perf_counter() - wall0
         ambient = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0 - float(ours)) / wall)
         results.append({"plan": plan.model_dump(), "model": arch.name, "batch": batch, "times": times,
                         "iter_s": statistics.median(times), "own_cpu_s": float(ours), "wall_s": wall,
-                        "ambient_cores": ambient, "ambient_runnable": sampler.mean})
+                        "ambient_cores": ambient, "window": [stamp0, stamp1]})
         del pm, opt
         dist.barrier()
-    if rank == 0:
-        Path(out_path).write_text(json.dumps(results))
+        if rank == 0:
+            tmp = out_path + ".tmp"
+            Path(tmp).write_text(json.dumps(results))
+            os.replace(tmp, out_path)
     dist.destroy_process_group()
 
 
-def launch(module: str, world: int, args: list[str], timeout_s: float) -> None:
+def launch(module: str, world: int, args: list[str], timeout_s: float,
+           sampler: RunQueueSampler | None = None) -> None:
     """Start `python -m module --rank r --world world ARGS` for every rank and wait for all; on a
-    failure or timeout the ranks still running are terminated (only the processes started here)."""
+    failure or timeout the ranks still running are terminated (only the processes started here).
+    A `sampler` runs here while the ranks do, over their pids."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     procs = [subprocess.Popen([sys.executable, "-m", module, "--rank", str(r), "--world", str(world), *args],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for r in range(world)]
+    if sampler is not None:
+        sampler.pids = [p.pid for p in procs]
+        sampler.__enter__()
     try:
         errs = []
         for p in procs:
@@ -177,6 +192,8 @@ def launch(module: str, world: int, args: list[str], timeout_s: float) -> None:
             cause = next((e for e in errs if "closed by peer" not in e and "Connection reset" not in e), errs[0])
             raise RuntimeError(f"{module}: a rank failed: {cause}")
     finally:
+        if sampler is not None:
+            sampler.__exit__()
         for p in procs:
             if p.poll() is None:
                 p.terminate()
@@ -186,24 +203,35 @@ def launch(module: str, world: int, args: list[str], timeout_s: float) -> None:
                     p.kill()
 
 
+class LaunchFailed(RuntimeError):
+    """A launch failed after measuring `done` (the results of the first cases, in order)."""
+
+    def __init__(self, message: str, done: list[dict]):
+        super().__init__(message)
+        self.done = done
+
+
 def measure_each(cases: list[Case], **kw) -> list[dict]:
-    """`measure` in one launch; if a case fails, every case in its own launch, and a failing case gets
-    {"error": message} instead of times."""
-    try:
-        return measure(cases, **kw)
-    except RuntimeError:
-        out = []
-        for c in cases:
-            try:
-                out += measure([c], **kw)
-            except RuntimeError as e:
-                out.append({"plan": c.plan.model_dump(), "model": c.arch.name, "batch": c.batch, "error": str(e)})
-        return out
+    """`measure` in one launch; when a case fails, the cases measured before it are kept, the failing
+    case gets {"error": message} instead of times and the cases after it run in a new launch."""
+    out: list[dict] = []
+    rest = list(cases)
+    while rest:
+        try:
+            out += measure(rest, **kw)
+            break
+        except LaunchFailed as e:
+            out += e.done
+            bad = rest[len(e.done)]
+            out.append({"plan": bad.plan.model_dump(), "model": bad.arch.name, "batch": bad.batch, "error": str(e)})
+            rest = rest[len(e.done) + 1:]
+    return out
 
 
 def measure(cases: list[Case], *, steps: int = 5, warmup: int = 2, threads: int = 1, device: str = "cpu",
-            timeout_s: float = 1800) -> list[dict]:
-    """Run every case (all of one world size) in one launch; returns one result dict per case."""
+            timeout_s: float = 1800, coll_timeout_s: float = 180) -> list[dict]:
+    """Run every case (all of one world size) in one launch; returns one result dict per case. Raises
+    `LaunchFailed` (with the results of the cases measured before the failure) if a rank fails."""
     worlds = {c.plan.num_gpus for c in cases}
     if len(worlds) != 1:
         raise ValueError(f"cases of one launch must share a world size, got {sorted(worlds)}")
@@ -213,10 +241,21 @@ def measure(cases: list[Case], *, steps: int = 5, warmup: int = 2, threads: int 
     with tempfile.TemporaryDirectory() as d:
         cases_path, out = os.path.join(d, "cases.json"), os.path.join(d, "results.json")
         Path(cases_path).write_text(payload)
-        launch("arena_opt.profiling.measure", world,
-               ["--port", str(free_port()), "--cases", cases_path, "--steps", str(steps), "--warmup", str(warmup),
-                "--threads", str(threads), "--out", out, "--device", device], timeout_s)
-        return json.loads(Path(out).read_text())
+        sampler = RunQueueSampler([], period_s=0.05)
+        failure = None
+        try:
+            launch("arena_opt.profiling.measure", world,
+                   ["--port", str(free_port()), "--cases", cases_path, "--steps", str(steps), "--warmup",
+                    str(warmup), "--threads", str(threads), "--out", out, "--device", device, "--coll-timeout",
+                    str(coll_timeout_s)], timeout_s, sampler)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            failure = e
+        results = json.loads(Path(out).read_text()) if Path(out).is_file() else []
+    for r in results:
+        r["ambient_runnable"] = sampler.mean_between(*r.pop("window"))
+    if failure is not None or len(results) < len(cases):
+        raise LaunchFailed(str(failure or "a rank exited before measuring every case"), results)
+    return results
 
 
 def _main() -> None:
@@ -224,8 +263,10 @@ def _main() -> None:
     for name, typ in (("--rank", int), ("--world", int), ("--port", int), ("--cases", str), ("--steps", int),
                       ("--warmup", int), ("--threads", int), ("--out", str), ("--device", str)):
         ap.add_argument(name, type=typ, required=True)
+    ap.add_argument("--coll-timeout", type=float, default=180.0)
     a = ap.parse_args()
-    _worker(a.rank, a.world, a.port, Path(a.cases).read_text(), a.steps, a.warmup, a.threads, a.out, a.device)
+    _worker(a.rank, a.world, a.port, Path(a.cases).read_text(), a.steps, a.warmup, a.threads, a.out, a.device,
+            a.coll_timeout)
 
 
 if __name__ == "__main__":
