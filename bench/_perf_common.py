@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import platform
@@ -11,6 +12,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from arena_opt.gpus import canonical_gpu
+from models.catalog import arena_model_name
 
 
 def machine() -> dict:
@@ -71,3 +75,20 @@ def md_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def arena_estimates(path: Path) -> dict[tuple, dict[tuple[int, int, int], float]]:
+    """Arena's own per-plan estimates (`arena_estimated` rows of prof_records.csv):
+    (catalog model, batch, GPU type, nodes, GPUs per node) -> {(pp, dp, tp): iteration time s}."""
+    out: dict[tuple, dict] = {}
+    with Path(path).open(newline="") as f:
+        for r in csv.DictReader(f):
+            if r["flavour"] != "arena_estimated" or r["status"] != "ok" or r["key_consistent"] != "True":
+                continue
+            key = (arena_model_name(f"{r['model']}__{r['param_size']}"), int(r["batch_size"]),
+                   canonical_gpu(r["gpu_type"]), int(r["num_nodes"]), int(r["gpus_per_node"]))
+            plan = (int(float(r["pp"])), int(float(r["dp"])), int(float(r["tp"])))
+            t = float(r["iter_time_s"])
+            plans = out.setdefault(key, {})
+            plans[plan] = min(plans.get(plan, t), t)  # repeated estimates: the best run
+    return out

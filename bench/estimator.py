@@ -18,7 +18,6 @@ against the same measurements for reference. Writes estimator.json and estimator
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from collections import defaultdict
@@ -31,14 +30,12 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:
     sys.path.append(sys.path.pop(0))
 sys.path.insert(0, str(_HERE.parent))
 
-from _perf_common import command, err_stats, fmt_pct, git_rev, machine, md_table, write
+from _perf_common import arena_estimates, command, err_stats, fmt_pct, git_rev, machine, md_table, write
 
-from arena_opt.gpus import canonical_gpu
 from arena_opt.perf import calibrate as cal
 from arena_opt.perf.analytical import CostParams
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.perf.table import PerfTable, default_table_path
-from models.catalog import arena_model_name
 
 # Arena's runs use Alpa's GShard MoE (dense einsum dispatch, expert group 2048: Arena's configs.py)
 ARENA_BASE = CostParams(moe_einsum_group=2048)
@@ -75,15 +72,7 @@ def rel_errors(obs: list[cal.Observation], pred: list[float]) -> list[float]:
 def arena_reference(path: Path, obs: list[cal.Observation]) -> dict:
     """Arena's own estimate of each grid's best plan (min over its per-plan estimates) vs the same
     measured rows, where Arena estimated that grid."""
-    best: dict[tuple, float] = {}
-    with path.open(newline="") as f:
-        for r in csv.DictReader(f):
-            if r["flavour"] != "arena_estimated" or r["status"] != "ok" or r["key_consistent"] != "True":
-                continue
-            key = (arena_model_name(f"{r['model']}__{r['param_size']}"), int(r["batch_size"]),
-                   canonical_gpu(r["gpu_type"]), int(r["num_nodes"]), int(r["gpus_per_node"]))
-            t = float(r["iter_time_s"])
-            best[key] = min(best.get(key, t), t)
+    best = {key: min(plans.values()) for key, plans in arena_estimates(path).items()}
     sel, rel = [], []
     for o in obs:
         key = (o.arch.name, o.batch, o.gpu_type, o.nodes, o.gpus_per_node)

@@ -29,7 +29,7 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:
 sys.path.insert(0, str(_HERE.parent))
 
 import numpy as np  # noqa: E402
-from _perf_common import command, fmt_pct, git_rev, machine, md_table, write  # noqa: E402
+from _perf_common import arena_estimates, command, fmt_pct, git_rev, machine, md_table, write  # noqa: E402
 
 from arena_opt.gpus import BUILTIN_GPUS, canonical_gpu  # noqa: E402
 from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, links_for  # noqa: E402
@@ -75,20 +75,6 @@ def exhaustive(arch, batch, gpu_type, nodes, gpn, pp, params: CostParams) -> tup
                 if res is not None and m & (m - 1) == 0 and (best_pow2 is None or res.iter_time_s < best_pow2):
                     best_pow2 = res.iter_time_s
     return best, best_pow2
-
-
-def arena_estimates(path: Path) -> dict[tuple, dict[tuple[int, int, int], float]]:
-    out: dict[tuple, dict] = defaultdict(dict)
-    with path.open(newline="") as f:
-        for r in csv.DictReader(f):
-            if r["flavour"] != "arena_estimated" or r["status"] != "ok" or r["key_consistent"] != "True":
-                continue
-            key = (arena_model_name(f"{r['model']}__{r['param_size']}"), int(r["batch_size"]),
-                   canonical_gpu(r["gpu_type"]), int(r["num_nodes"]), int(r["gpus_per_node"]))
-            plan = (int(float(r["pp"])), int(float(r["dp"])), int(float(r["tp"])))
-            t = float(r["iter_time_s"])
-            out[key][plan] = min(out[key].get(plan, t), t)  # repeated estimates: the best run
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

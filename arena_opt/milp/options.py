@@ -18,12 +18,9 @@ class ArenaOptions(BaseModel):
                          "1 = the Smith-rule weighting that minimizes average completion time, 0 = off")
     sjf_clip: PositiveFloat = Field(100.0, description="cap on that ratio, so a nearly finished job "
                                                        "cannot dominate the whole round")
-    speed_exponent: PositiveFloat = Field(
-        1.0, description="a grid is worth (its throughput / the job's fastest grid's)^this of the job's value: "
-                         "1 = completion rate; below 1 values running many jobs on fewer, more efficient "
-                         "GPUs each (breadth), above 1 values finishing few jobs fast")
     aging_per_hour: NonNegativeFloat = Field(
-        0.25, description="waiting jobs gain this fraction of their value per hour waited, so nothing starves")
+        0.25, description="a job gains this fraction of its value per hour spent waiting (queued or preempted; "
+                          "Job.waited_s), and keeps it while it runs, so nothing starves")
     max_aging: NonNegativeFloat = Field(20.0, description="cap on the aging multiplier")
     horizon_s: PositiveFloat = Field(
         300.0, description="planning horizon (the scheduling interval): a restart of R seconds loses "
@@ -39,10 +36,7 @@ class ArenaOptions(BaseModel):
                           "throughput, so SJF weighting cannot starve the critical path")
     makespan_weight: NonNegativeFloat = Field(
         1.0, description="penalty per unit of missing fraction of that throughput, in units of the most "
-                         "valuable job's value: above any one job's preference, below deadlines")
-    stay_bonus: NonNegativeFloat = Field(
-        0.0, description="a running job's current grid is worth this fraction more: hysteresis against "
-                         "reshuffles between near-equal solutions")
+                         "valuable job's value: as much as that job (a deadline weighs deadline_weight)")
     gpu_epsilon: NonNegativeFloat = Field(
         1e-3, description="per-GPU tie-breaker: of two grids with equal value, take the smaller")
     max_reconfigs_per_round: NonNegativeInt | None = Field(
@@ -50,8 +44,8 @@ class ArenaOptions(BaseModel):
     max_gpus_per_job: PositiveInt = 16
     candidate_factor: PositiveFloat | None = Field(
         2.0, description="waiting jobs enter the MILP in order of value per GPU until their smallest grids "
-                         "add up to this many times the cluster's GPUs (running and deadline jobs always "
-                         "enter); the rest wait this round. None = every job enters")
+                         "add up to this many times the cluster's GPUs (running jobs and jobs with a "
+                         "deadline or makespan target always enter); the rest wait this round. None = every job enters")
     # --- solver ----------------------------------------------------------------------------
     time_limit_s: PositiveFloat = 10.0
     mip_gap: NonNegativeFloat = Field(0.01, description="relative gap; 1e-2 is 5-7x faster than 1e-3 "

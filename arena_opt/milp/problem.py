@@ -155,7 +155,7 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
     base = weight * sjf * aging
 
     norm = tput / np.maximum(best[job_of], 1e-12)
-    value = base[job_of] * norm ** opts.speed_exponent
+    value = base[job_of] * norm
     restart = np.zeros(len(flat))
     for k, g in enumerate(flat):
         job = jobs[job_of[k]]
@@ -163,7 +163,6 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
             continue
         restart[k] = opts.reconfig.delay_s(job.arch, g.num_gpus, resumed=job.total_iterations > job.remaining_iterations)
     value -= value * np.minimum(1.0, restart / opts.horizon_s)
-    value += opts.stay_bonus * value * current
     value -= opts.gpu_epsilon * base[job_of] * gpus / opts.max_gpus_per_job
 
     preempt = np.zeros(n)

@@ -67,7 +67,9 @@ class ArenaPolicy(GridPolicy):
             jobs, p = cand, restrict(p, cand)
             note = (f"{full.num_jobs - len(cand)} waiting jobs of lower value per GPU left out of the MILP "
                     f"(candidate_factor {o.candidate_factor})")
-        if o.shards > 1 and p.num_jobs >= 2 * o.shards:
+        sharded = o.shards > 1 and p.num_jobs >= 2 * o.shards
+        start = None
+        if sharded:
             res = self._solve_sharded(p)
         else:
             # the greedy selection (running jobs kept, free GPUs filled) as HiGHS's first incumbent: the
@@ -77,11 +79,11 @@ class ArenaPolicy(GridPolicy):
                                 start=start)
         stats = SolverStats(solver=f"highs via {o.backend}", status=res.status, objective=res.objective, bound=res.bound,
                             gap=res.gap, build_s=t_grids + res.build_s, solve_s=res.solve_s,
-                            shards=o.shards if o.shards > 1 and p.num_jobs >= 2 * o.shards else 1,
+                            shards=o.shards if sharded else 1,
                             num_grids=len(p.grids), note=note)
         sel = res.selection
         if sel is None:
-            sel = greedy_select(p)
+            sel = start if start is not None else greedy_select(p)
             stats.fallback = True
             stats.objective = p.objective(sel)
             stats.note = "; ".join(filter(None, [note, f"solver returned no solution ({res.status}); greedy "
