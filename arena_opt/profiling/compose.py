@@ -257,10 +257,14 @@ def layer_costs(prof: ModelProfile, comm: CommModel, topo: Topology, *, batch: i
     (a stage pays it once: `plan_time` adds it)."""
     parts = layer_parts(prof, comm, topo, batch=batch, dp=dp, tp=tp, m=m, pp=pp, recompute=recompute,
                         semantics=semantics)
+    return _costs(parts, topo, pp * dp * tp, compute_scale)
+
+
+def _costs(parts: LayerParts, topo: Topology, world: int, compute_scale: np.ndarray | float) -> LayerCosts:
     n = len(parts.fwd_s)
     scale = np.broadcast_to(np.asarray(compute_scale, dtype=float), (n,))
     if topo.cores:
-        scale = scale * max(1.0, (pp * dp * tp + topo.background) / topo.cores)
+        scale = scale * max(1.0, (world + topo.background) / topo.cores)
     step = (parts.fwd_s + parts.bwd_s) * scale + parts.comm_fwd_s + parts.comm_bwd_s
     return LayerCosts(step_s=step, p2p_s=2 * parts.p2p_s, allreduce_s=parts.dp_s, optim_s=parts.tail_cpu_s,
                       static_bytes=parts.static_bytes, act_bytes=parts.act_bytes, peak_bytes=parts.peak_bytes)
@@ -354,35 +358,39 @@ def plan_time(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, topo:
     (`ps_schedule`); stage times and memory come from the closed form either way."""
     from runners.stages import default_stages
 
-    lc = layer_costs(prof, comm, topo, batch=batch, dp=plan.dp, tp=plan.tp, m=plan.num_microbatches, pp=plan.pp,
-                     recompute=plan.recompute, semantics=semantics, compute_scale=compute_scale)
+    parts, lc = _plan_costs(prof, plan, batch, comm, topo, semantics, compute_scale)
     stages = list(plan.stages) or default_stages(prof.arch, plan.pp)
-    res = evaluate_split(lc, stages, plan.num_microbatches)
-    if topo.cores:
-        parts = layer_parts(prof, comm, topo, batch=batch, dp=plan.dp, tp=plan.tp, m=plan.num_microbatches,
-                            pp=plan.pp, recompute=plan.recompute, semantics=semantics)
-        t = ps_schedule(parts, stages, plan.num_microbatches, plan.dp * plan.tp, topo.cores, topo.background,
-                        compute_scale)
-        return replace(res, iter_time_s=t)
-    return replace(res, iter_time_s=res.iter_time_s + prof.optim_call_s)
+    return _timed(evaluate_split(lc, stages, plan.num_microbatches), parts, prof, plan, topo, compute_scale)
 
 
 def best_split(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, topo: Topology, mem_cap_bytes: float,
                semantics: RuntimeSemantics = RuntimeSemantics(), compute_scale: np.ndarray | float = 1.0
                ) -> StageSplit | None:
     """The fastest memory-feasible stage split of a plan's (pp, dp, tp, m) from the profile."""
-    lc = layer_costs(prof, comm, topo, batch=batch, dp=plan.dp, tp=plan.tp, m=plan.num_microbatches, pp=plan.pp,
-                     recompute=plan.recompute, semantics=semantics, compute_scale=compute_scale)
+    parts, lc = _plan_costs(prof, plan, batch, comm, topo, semantics, compute_scale)
     if plan.pp == 1:
         res = evaluate_split(lc, [(0, lc.num_layers)], plan.num_microbatches)
         res = res if res.mem_bytes[0] <= mem_cap_bytes else None
     else:
         res = split_stages(lc, plan.pp, plan.num_microbatches, mem_cap_bytes)
-    if res is None:
-        return None
+    return None if res is None else _timed(res, parts, prof, plan, topo, compute_scale)
+
+
+def _plan_costs(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, topo: Topology,
+                semantics: RuntimeSemantics, compute_scale) -> tuple[LayerParts, LayerCosts]:
+    parts = layer_parts(prof, comm, topo, batch=batch, dp=plan.dp, tp=plan.tp, m=plan.num_microbatches, pp=plan.pp,
+                        recompute=plan.recompute, semantics=semantics)
+    return parts, _costs(parts, topo, plan.pp * plan.dp * plan.tp, compute_scale)
+
+
+def _timed(res: StageSplit, parts: LayerParts, prof: ModelProfile, plan: Plan, topo: Topology,
+           compute_scale) -> StageSplit:
+    """The split's iteration time: the processor-sharing schedule on a host with `topo.cores`, else the
+    closed form plus the optimizer's per-call cost."""
     if topo.cores:
-        return plan_time(prof, plan.model_copy(update={"stages": res.stages}), batch, comm, topo, semantics,
-                         compute_scale)
+        t = ps_schedule(parts, list(res.stages), plan.num_microbatches, plan.dp * plan.tp, topo.cores,
+                        topo.background, compute_scale)
+        return replace(res, iter_time_s=t)
     return replace(res, iter_time_s=res.iter_time_s + prof.optim_call_s)
 
 
