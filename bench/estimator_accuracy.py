@@ -80,17 +80,17 @@ def plans_for(arch, world: int) -> list[Plan]:
     return out
 
 
-def cpu_work(prof, plan: Plan, comm, topo) -> float:
+def cpu_work(prof, plan: Plan, comm, topo, scale: float = 1.0) -> float:
     """CPU seconds all ranks of a plan spend per step in the composition (layers, collectives' CPU
-    time, optimizer): checked against the ranks' measured CPU time, it tells compute terms apart
-    from scheduling."""
+    time, optimizer; compute times `scale`): checked against the ranks' measured CPU time, it tells
+    compute terms apart from scheduling."""
     from runners.stages import default_stages
 
     p = pc.layer_parts(prof, comm, topo, batch=BATCH, dp=plan.dp, tp=plan.tp, m=plan.num_microbatches,
                        pp=plan.pp, recompute=plan.recompute)
-    per_mb = p.fwd_s + p.bwd_s + p.comm_cpu_fwd_s + p.comm_cpu_bwd_s
+    per_mb = scale * (p.fwd_s + p.bwd_s) + p.comm_cpu_fwd_s + p.comm_cpu_bwd_s
     stages = list(plan.stages) or default_stages(prof.arch, plan.pp)
-    return plan.dp * plan.tp * sum(plan.num_microbatches * per_mb[a:e].sum() + p.tail_cpu_s[a:e].sum()
+    return plan.dp * plan.tp * sum(plan.num_microbatches * per_mb[a:e].sum() + scale * p.tail_cpu_s[a:e].sum()
                                    + p.dp_cpu_s[a:e].sum() + p.call_s for a, e in stages)
 
 
@@ -152,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                 bg = r["ambient_runnable"] or 0.0
                 est = pc.plan_time(prof, plan, BATCH, comm, topo).iter_time_s
                 est_cpu = cpu_work(prof, plan, comm, topo)
+                # the profile's compute at the host speed the run's speed probe saw
+                speed = r["probe_s"] / prof.probe_s
+                est_speed = pc.plan_time(prof, plan, BATCH, comm, topo, compute_scale=speed).iter_time_s
+                est_cpu_speed = cpu_work(prof, plan, comm, topo, speed)
                 meas_cpu = r["own_cpu_s"] / len(r["times"])
                 est_load = pc.plan_time(prof, plan, BATCH, comm,
                                         pc.Topology(intra="loopback", cores=cores, background=bg)).iter_time_s
@@ -161,16 +165,24 @@ def main(argv: list[str] | None = None) -> int:
                              "load_avg": la, "other_runnable": bg, "other_cores_busy": r["ambient_cores"],
                              "rel_err": est / r["iter_s"] - 1, "rel_err_min": est / min(r["times"]) - 1,
                              "rel_err_load_aware": est_load / r["iter_s"] - 1,
-                             "estimate_cpu_s": est_cpu, "measured_cpu_s": meas_cpu, "rel_err_cpu": est_cpu / meas_cpu - 1})
+                             "estimate_cpu_s": est_cpu, "measured_cpu_s": meas_cpu, "rel_err_cpu": est_cpu / meas_cpu - 1,
+                             "speed_ratio": speed, "estimate_speed_s": est_speed,
+                             "rel_err_speed": est_speed / r["iter_s"] - 1,
+                             "rel_err_cpu_speed": est_cpu_speed / meas_cpu - 1})
                 log(f"  {plan.describe():22s} est {est:.3f} s (load-aware {est_load:.3f})  meas {r['iter_s']:.3f} s "
                     f"(min {min(r['times']):.3f}, other tenants {bg:.1f} runnable)  "
-                    f"err {100 * rows[-1]['rel_err']:+.1f}% / {100 * rows[-1]['rel_err_load_aware']:+.1f}%")
+                    f"err {100 * rows[-1]['rel_err']:+.1f}% / {100 * rows[-1]['rel_err_load_aware']:+.1f}%; "
+                    f"speed x{speed:.2f}: est {est_speed:.3f} s, err {100 * rows[-1]['rel_err_speed']:+.1f}%")
 
     by_world = defaultdict(list)
     by_world_min = defaultdict(list)
     by_world_load = defaultdict(list)
     by_world_cpu = defaultdict(list)
+    by_world_speed = defaultdict(list)
+    by_world_cpu_speed = defaultdict(list)
     for r in rows:
+        by_world_speed[r["world"]].append(r["rel_err_speed"])
+        by_world_cpu_speed[r["world"]].append(r["rel_err_cpu_speed"])
         by_world_cpu[r["world"]].append(r["rel_err_cpu"])
         by_world[r["world"]].append(r["rel_err"])
         by_world_min[r["world"]].append(r["rel_err_min"])
@@ -182,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                "per_world_vs_min_step": {str(w): err_stats(v) for w, v in sorted(by_world_min.items())},
                "per_world_load_aware": {str(w): err_stats(v) for w, v in sorted(by_world_load.items())},
                "per_world_cpu": {str(w): err_stats(v) for w, v in sorted(by_world_cpu.items())},
+               "per_world_speed": {str(w): err_stats(v) for w, v in sorted(by_world_speed.items())},
+               "per_world_cpu_speed": {str(w): err_stats(v) for w, v in sorted(by_world_cpu_speed.items())},
                "load_avg_start": la_start, "load_avg_end": loadavg(), "steps": args.steps, "warmup": args.warmup,
                "all": err_stats([r["rel_err"] for r in rows]), "rows": rows, "failed": failed,
                "comm_fits": [f.model_dump(exclude={"points", "cpu_points"}) for f in db.comm]}
@@ -192,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     log(f"wrote {jp} and {mp}")
     return 0
+
+
+def _err_table(per_world: dict) -> str:
+    return md_table(["processes", "plans", "mean |err|", "max |err|", "median signed"],
+                    [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
+                     for w, s in per_world.items()])
 
 
 def render(p: dict) -> str:
@@ -213,30 +233,31 @@ def render(p: dict) -> str:
            f"Profiling took {', '.join(f'{k} {v:.0f} s' for k, v in p['profile_s'].items())}; "
            f"the collective benchmark {p['comm_bench_s']:.0f} s.\n",
            "## Relative error per process count (estimate / measured median - 1)\n",
-           md_table(["processes", "plans", "mean |err|", "max |err|", "median signed"],
-                    [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
-                     for w, s in p["per_world"].items()]),
+           _err_table(p["per_world"]),
+           "\nAt the run's host speed: the host's speed drifts (other tenants; `bench/speed_drift.py`), so the "
+           "profiler times a speed probe (`arena_opt.profiling.speed`) before every repeat and stores every layer "
+           "at the profile's median probe time, every rank times the same probe before each timed step, and the estimate's compute is scaled by the ratio of the two "
+           "probe times (column `speed` below); collectives are not scaled:\n",
+           _err_table(p["per_world_speed"]),
+           "\nCPU work at the run's host speed (all ranks' CPU seconds per step, estimated vs measured):\n",
+           _err_table(p["per_world_cpu_speed"]),
            "\nLoad-aware estimate (the runnable tasks of other tenants, sampled by the launching process during the "
            "run, enter the processor-sharing schedule as background load; the sample also counts some of the ranks' "
            "own threads caught between states, so it is biased upwards with 4 ranks):\n",
-           md_table(["processes", "plans", "mean |err|", "max |err|", "median signed"],
-                    [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
-                     for w, s in p["per_world_load_aware"].items()]),
+           _err_table(p["per_world_load_aware"]),
            "\nCPU work (all ranks' CPU seconds per step, estimated vs measured process CPU time): separates the "
            "compute terms from scheduling:\n",
-           md_table(["processes", "plans", "mean |err|", "max |err|", "median signed"],
-                    [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
-                     for w, s in p["per_world_cpu"].items()]),
+           _err_table(p["per_world_cpu"]),
            "\nAgainst the least disturbed (minimum) step:\n",
-           md_table(["processes", "plans", "mean |err|", "max |err|", "median signed"],
-                    [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
-                     for w, s in p["per_world_vs_min_step"].items()]),
+           _err_table(p["per_world_vs_min_step"]),
            "\n## Every plan\n",
            md_table(["model", "processes", "plan", "estimate s", "load-aware s", "measured s (median)", "min step s",
-                     "error", "load-aware error", "other runnable", "CPU s est / meas"],
+                     "error", "load-aware error", "speed", "at run speed s", "error at run speed", "other runnable",
+                     "CPU s est / meas"],
                     [[r["arch"], r["world"], r["plan"], f"{r['estimate_s']:.3f}", f"{r['estimate_load_aware_s']:.3f}",
                       f"{r['measured_s']:.3f}", f"{r['measured_min_s']:.3f}", fmt_pct(r["rel_err"]),
-                      fmt_pct(r["rel_err_load_aware"]), f"{r['other_runnable']:.1f}",
+                      fmt_pct(r["rel_err_load_aware"]), f"x{r['speed_ratio']:.2f}", f"{r['estimate_speed_s']:.3f}",
+                      fmt_pct(r["rel_err_speed"]), f"{r['other_runnable']:.1f}",
                       f"{r['estimate_cpu_s']:.2f} / {r['measured_cpu_s']:.2f}"] for r in p["rows"]]),
            "\nPlans the runners could not run: " + ("none" if not p["failed"] else "; ".join(
                f"{f['arch']} {f['plan']} on {f['world']} ({f['error'][-160:]})" for f in p["failed"])) + "\n",

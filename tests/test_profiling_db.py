@@ -11,13 +11,13 @@ from test_profiling_compose import profile  # noqa: E402 - tests/ is on sys.path
 
 
 def test_round_trip_and_keys(tmp_path):
-    d = pdb.ProfileDB(models=[profile()])
+    d = pdb.ProfileDB(models=[profile().model_copy(update={"probe_s": 2.5e-3})])
     d.put_comm(pdb.CommFit(device="cpu", backend="gloo", link="loopback", collective="all_reduce", alpha_s=1e-4,
                            bandwidth_bps=1e9, mean_rel_err=0.01, points=[(2, 1024, 1e-4)]))
     path = tmp_path / "p.json"
     pdb.save(d, path)
     back = pdb.load(path)
-    assert back == d
+    assert back == d and back.models[0].probe_s == 2.5e-3
     assert back.model("tiny-gpt", "cpu").layer_of()[2].kind == "block"
     assert back.comm_fits("cpu")[("loopback", "all_reduce", None)].alpha_s == 1e-4
     # replacing an entry with the same key keeps one
@@ -35,6 +35,7 @@ def test_round_trip_and_keys(tmp_path):
      r"field models\.0\.layers\.1\.samples\.0\.fwd_s: .*greater than 0 \(value -1\.0\)"),
     (lambda r: r["models"][0]["layers"][1].update(indices=[1]), r"cover indices 0\.\.3"),
     (lambda r: r["models"][0].update(model="other"), r"does not match arch\.name"),
+    (lambda r: r["models"][0].update(probe_s=0), r"field models\.0\.probe_s: .*greater than 0 \(value 0\)"),
     (lambda r: r["models"][0]["layers"][0]["samples"].append(r["models"][0]["layers"][0]["samples"][0]),
      r"repeat a \(tp, dp, micro_batch\)"),
     (lambda r: r["comm"].append({"device": "cpu", "backend": "gloo", "link": "loopback", "collective": "broadcast",
@@ -84,6 +85,7 @@ def test_profiles_without_the_runtime_fields_still_load(tmp_path):
     path = tmp_path / "old.json"
     path.write_text(json.dumps(raw))
     m = pdb.load(path).models[0]
+    assert m.probe_s is None  # not probed
     assert m.optim_call_s == 0.0 and all(s.dp == 1 and s.sync_s == 0.0 for lp in m.layers for s in lp.samples)
     assert m.layers[0].dp_degrees(1) == []
 

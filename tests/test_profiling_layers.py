@@ -6,7 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from arena_opt.profiling import db as pdb  # noqa: E402
-from arena_opt.profiling.layers import distinct_layers, profile_model  # noqa: E402
+from arena_opt.profiling.layers import _at_speed, distinct_layers, profile_model  # noqa: E402
+from arena_opt.profiling.speed import SpeedProbe  # noqa: E402
 from models.catalog import get_arch  # noqa: E402
 from models.layers import layer_table  # noqa: E402
 from models.torch_layers import scaled_arch  # noqa: E402
@@ -38,7 +39,26 @@ def test_profile_covers_layers_and_scales_with_shapes(name):
         assert [s.params for s in lp.at(1, 2)] == [s.params for s in lp.at(1)]
         assert all(s.sync_s == 0.0 for s in lp.at(1))
     assert prof.optim_call_s > 0
+    assert prof.probe_s is not None and prof.probe_s > 0  # the speed the samples are stored at
     pdb.ProfileDB(models=[prof])  # validates
+
+
+def test_samples_rescale_to_the_reference_speed_and_probe_is_timed():
+    s = pdb.LayerSample(tp=1, micro_batch=2, fwd_s=1.0, bwd_s=2.0, sync_s=0.5, optim_s=0.25, act_bytes=10,
+                        out_bytes=20, params=30)
+    t = _at_speed(s, 0.5)  # a sample that ran while the probe took twice the reference time
+    assert (t.fwd_s, t.bwd_s, t.sync_s, t.optim_s) == (0.5, 1.0, 0.25, 0.125)
+    assert (t.act_bytes, t.out_bytes, t.params, t.tp, t.micro_batch) == (10, 20, 30, 1, 2)
+    probe = SpeedProbe("cpu")
+    mm, scale = probe.parts()
+    assert mm > 0 and scale > 0 and probe.probe() > 0
+
+
+def test_profile_without_speed_probe_keeps_raw_times():
+    arch = scaled_arch(get_arch("gpt-350M"), max_layers=1)
+    prof = profile_model(arch, micro_batches=(1,), tp_degrees=(1,), dp_degrees=(), warmup=0, repeats=1,
+                         speed_probe=False, progress=None)
+    assert prof.probe_s is None
 
 
 def test_profile_command_writes_a_database(tmp_path):

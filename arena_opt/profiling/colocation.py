@@ -11,7 +11,9 @@ probability of their busy fraction, so the expected demand it meets is
 and its busy time stretches by max(1, D / capacity) / max(1, own demand / capacity) (its alone time
 already includes its own oversubscription). A job's busy fraction is its stretched busy time over
 its stretched iteration time (a slowed job holds the resource longer); iteration times, stretches
-and busy fractions depend on each other and a fixed-point iteration settles them. Communication that another job's traffic slows is
+and busy fractions depend on each other and a fixed-point iteration settles them. Loads of one job
+that share a `group` happen at the same time (one transfer that crosses several links): the job waits
+for the most stretched of them, not for each in turn. Communication that another job's traffic slows is
 the load the scheduler should avoid putting on one uplink; `slowdowns` gives the factors to scale
 grid throughputs by for a candidate placement.
 """
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 class Load:
     busy_s: float  # per iteration, when alone
     demand: float  # capacity units used while busy
+    group: str | None = None  # loads of one job with the same group overlap in time (see module doc)
 
 
 @dataclass(frozen=True)
@@ -45,17 +48,23 @@ def iteration_times(jobs: list[JobLoads], capacity: dict[str, float], background
     background = background or {}
     t = [j.iter_s for j in jobs]
     stretch = [{r: 1.0 for r in j.loads} for j in jobs]
+    users: dict[str, list[tuple[int, Load]]] = {}  # resource -> (job index, load), by job index
+    for b, k in enumerate(jobs):
+        for r, ld in k.loads.items():
+            users.setdefault(r, []).append((b, ld))
     for _ in range(max_iter):
         new_t, new_s = [], []
         for a, j in enumerate(jobs):
-            x, s = j.iter_s, {}
+            x, s, grouped = j.iter_s, {}, {}
             for r, ld in j.loads.items():
                 others = background.get(r, 0.0) + sum(
-                    k.loads[r].demand * min(1.0, k.loads[r].busy_s * stretch[b][r] / t[b])
-                    for b, k in enumerate(jobs) if b != a and r in k.loads)
+                    k.demand * min(1.0, k.busy_s * stretch[b][r] / t[b]) for b, k in users[r] if b != a)
                 s[r] = _stretch(ld.demand, others, capacity[r])
-                x += ld.busy_s * (s[r] - 1.0)
-            new_t.append(x)
+                if ld.group is None:
+                    x += ld.busy_s * (s[r] - 1.0)
+                else:
+                    grouped[ld.group] = max(grouped.get(ld.group, 0.0), ld.busy_s * (s[r] - 1.0))
+            new_t.append(x + sum(grouped.values()))
             new_s.append(s)
         done = max(abs(n - o) / o for n, o in zip(new_t, t)) < tol
         t, stretch = new_t, new_s

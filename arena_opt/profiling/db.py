@@ -9,6 +9,7 @@ Format (`format = "arena-opt-profile"`, `version = 1`):
          "device": "cpu", "device_name": "AMD EPYC ...", "dtype": "fp32", "threads": 1,
          "torch": "2.13.0", "created": "2026-...Z", "clock": "thread", "warmup": 2, "repeats": 5,
          "optim_call_s": ...,                       # fixed cost of one optimizer step call
+         "probe_s": ...,                            # speed probe time the samples are scaled to (optional)
          "layers": [                                # one entry per distinct layer shape
            {"indices": [1, 2, 3, 4], "kind": "block",
             "samples": [                            # keyed by (tp, dp, micro_batch)
@@ -30,7 +31,10 @@ ranks (collectives excluded): forward and backward of a micro-batch without grad
 1/dp shard. `optim_call_s` is the fixed cost of one optimizer step call that every layer's
 `optim_s` includes once. `act_bytes` are the bytes autograd
 keeps for the backward pass, `out_bytes` the layer output (what a pipeline stage sends), `params`
-the parameters one tp rank holds. `dp`, `sync_s` and `optim_call_s` are optional (profiles written
+the parameters one tp rank holds. `probe_s` is the time of the speed probe
+(`arena_opt.profiling.speed`) at the host speed every sample was rescaled to; a run that times the
+same probe is estimated at its own speed by scaling compute with the ratio of the two.
+`dp`, `sync_s`, `optim_call_s` and `probe_s` are optional (profiles written
 before they existed read as dp = 1, no sync work, no per-call cost). Files are JSON only (never pickle); a file of another format or
 version, or with a bad field, is rejected with the file, field and value in the message.
 """
@@ -107,6 +111,8 @@ class ModelProfile(_Strict):
     warmup: NonNegativeInt = 0
     repeats: PositiveInt = 1
     optim_call_s: NonNegativeFloat = 0.0
+    probe_s: PositiveFloat | None = Field(None, description="the speed probe's time at the speed every sample "
+                                          "is stored at (arena_opt.profiling.speed); None: not probed")
     layers: list[LayerProfile] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from arena_opt.profiling.db import LayerProfile, LayerSample, ModelProfile
+from arena_opt.profiling.speed import SpeedProbe
 from models.catalog import Arch
 from models.layers import layer_table
 
@@ -203,11 +204,12 @@ def _runtime_layer(arch: Arch, index: int, tp: int, dp: int, mesh, device):
 
 
 def measure_layer(arch: Arch, index: int, tp: int, b: int, shape, integer: bool, device, warmup: int,
-                  repeats: int, clock=time.perf_counter, *, dp: int = 1, mesh=None, loss: bool = False
-                  ) -> LayerSample:
+                  repeats: int, clock=time.perf_counter, *, dp: int = 1, mesh=None, loss: bool = False,
+                  probe: SpeedProbe | None = None) -> tuple[LayerSample, float | None]:
     """One (tp, dp, micro-batch) sample of layer `index`. With a `mesh` (fake group) and tp > 1 or
     dp > 1 the layer runs as the runtime wraps it; memory and parameter counts always come from the
-    hand-built tp shard. `loss`: the loss on the output is part of forward and backward."""
+    hand-built tp shard. `loss`: the loss on the output is part of forward and backward. With a
+    `probe`, timed before every repeat, also the median probe time (the speed the sample ran at)."""
     import torch
 
     from models.torch_layers import build_layer, loss_fn
@@ -245,8 +247,10 @@ def measure_layer(arch: Arch, index: int, tp: int, b: int, shape, integer: bool,
         _sync(device)
         return f, clock() - t1
 
-    fwd, bwd, bsync, stp = [], [], [], []
+    fwd, bwd, bsync, stp, probes = [], [], [], [], []
     for r in range(warmup + repeats):
+        if probe is not None:
+            probes.append(probe.probe())
         f, bw = fwd_bwd(sync=dp == 1)
         if dp > 1:  # a step of 2 micro-batches: the first without gradient sync, the second with it
             _, bs = fwd_bwd(sync=True)
@@ -263,9 +267,15 @@ def measure_layer(arch: Arch, index: int, tp: int, b: int, shape, integer: bool,
             if dp > 1:
                 bsync.append(bs)
     sync_s = max(0.0, statistics.median(bsync) - statistics.median(bwd)) if bsync else 0.0
-    return LayerSample(tp=tp, dp=dp, micro_batch=b, fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd),
-                       sync_s=sync_s, optim_s=statistics.median(stp) if n_params else 0.0, act_bytes=act,
-                       out_bytes=out_bytes, params=n_params)
+    return (LayerSample(tp=tp, dp=dp, micro_batch=b, fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd),
+                        sync_s=sync_s, optim_s=statistics.median(stp) if n_params else 0.0, act_bytes=act,
+                        out_bytes=out_bytes, params=n_params),
+            statistics.median(probes) if probes else None)
+
+
+def _at_speed(s: LayerSample, k: float) -> LayerSample:
+    """The sample's times scaled by k (from the speed it ran at to the profile's reference speed)."""
+    return s.model_copy(update={f: k * getattr(s, f) for f in ("fwd_s", "bwd_s", "sync_s", "optim_s")})
 
 
 def optimizer_call_s(device, repeats: int = 30, clock=time.perf_counter) -> float:
@@ -301,14 +311,17 @@ def _tp_ok(arch: Arch, index: int, tp: int) -> bool:
 def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, ...] = (1, 2, 4, 8),
                   tp_degrees: tuple[int, ...] = (1, 2, 4, 8), dp_degrees: tuple[int, ...] = (2,),
                   warmup: int = 2, repeats: int = 5,
-                  threads: int | None = 1, clock: str | None = None,
+                  threads: int | None = 1, clock: str | None = None, speed_probe: bool = True,
                   progress: Progress | None = _stderr) -> ModelProfile:
     """Measure every distinct layer of `arch` at every (tp, micro-batch) that its shapes allow, and
     under FSDP2 over each of `dp_degrees` (dp > 1 samples, for plans that shard data parallelism).
 
     `clock`: "wall" (synchronized wall time; the default on CUDA) or "thread" (CPU time of the one
     compute thread; the default on CPU, where it does not count the time other tenants of the host
-    hold the core, so a profile does not depend on what else runs)."""
+    hold the core, so a profile does not depend on what else runs). `speed_probe`: time the
+    reference kernel of `arena_opt.profiling.speed` before every repeat and store every sample at
+    the profile's median probe time (`probe_s`), so that layers timed a minute apart on a host
+    whose speed drifts still add up."""
     import torch
 
     dev = torch.device(device)
@@ -329,6 +342,8 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     done, t_start = 0, time.perf_counter()
     layers = []
     by_group: dict[int, list[LayerSample]] = {}
+    probe = SpeedProbe(device) if speed_probe else None
+    speeds: dict[int, list[float | None]] = {}
     with fake_group(world) as meshes:
         if meshes is None:
             todo = [t for t in todo if t[3] == 1]
@@ -339,9 +354,10 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
             if dp > 1 and mesh is None:
                 continue
             for b in micro_batches:
-                s = measure_layer(arch, idx[0], tp, b, shape, integer, dev, warmup, repeats, clock_fn, dp=dp,
-                                  mesh=mesh, loss=idx[0] == last)
+                s, p = measure_layer(arch, idx[0], tp, b, shape, integer, dev, warmup, repeats, clock_fn, dp=dp,
+                                     mesh=mesh, loss=idx[0] == last, probe=probe)
                 by_group.setdefault(idx[0], []).append(s)
+                speeds.setdefault(idx[0], []).append(p)
                 done += 1
                 if progress:
                     el = time.perf_counter() - t_start
@@ -349,8 +365,15 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
                              f"mb={b}: fwd {1e3 * s.fwd_s:.2f} ms, bwd {1e3 * s.bwd_s:.2f} ms, "
                              f"act {s.act_bytes / 2**20:.2f} MiB  [{el:.0f} s, eta {el / done * (total - done):.0f} s]")
     call_s = optimizer_call_s(dev, clock=clock_fn)
+    # the reference speed is the probe's median over the whole profile, each probe taken in the same
+    # state (right after layer work) as the probes of a measured run (right after a step)
+    probed = [p for ps in speeds.values() for p in ps if p is not None]
+    ref_s = statistics.median(probed) if probed else None
     for kind, idx in groups:
-        layers.append(LayerProfile(indices=idx, kind=kind, samples=by_group[idx[0]]))
+        samples = by_group[idx[0]]
+        if ref_s:
+            samples = [_at_speed(s, ref_s / p) for s, p in zip(samples, speeds[idx[0]])]
+        layers.append(LayerProfile(indices=idx, kind=kind, samples=samples))
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine())
     if dev.type == "cpu":
         try:
@@ -361,7 +384,7 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     return ModelProfile(model=arch.name, arch=arch, device=dev.type, device_name=name, dtype="fp32",
                         threads=torch.get_num_threads() if dev.type == "cpu" else 1, torch=torch.__version__,
                         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), clock=clock, warmup=warmup,
-                        repeats=repeats, optim_call_s=call_s, layers=layers)
+                        repeats=repeats, optim_call_s=call_s, probe_s=ref_s, layers=layers)
 
 
 def cpu_cores() -> int:

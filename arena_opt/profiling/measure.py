@@ -8,7 +8,9 @@ is the median over the timed steps after warm-up. Over the timed steps the host'
 processes other than the ranks is recorded too (`ambient_cores`: cores busy with other work on
 average), the co-located load a load-aware estimate accounts for, and the run queue of other tasks
 (`ambient_runnable`), sampled by the launching process, not by a rank: a sampling thread inside a
-rank would take CPU time and the GIL from the step it measures.
+rank would take CPU time and the GIL from the step it measures. Before every timed step (outside
+its timed window) each rank times the speed probe (`arena_opt.profiling.speed`); `probe_s` is the
+ranks' mean of their medians, the host speed a profile-based estimate can be scaled to.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
     import torch
     import torch.distributed as dist
 
+    from arena_opt.profiling.speed import SpeedProbe
     from models.torch_layers import synthetic_batch
     from runners.parallelize import parallelize
 
@@ -127,15 +130,18 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=world, timeout=timedelta(seconds=coll_timeout_s))
+    probe = SpeedProbe(device if dev.type == "cpu" else str(dev))
     results = []
     for case in json.loads(cases_json):
         arch, plan, batch = Arch.model_validate(case["arch"]), Plan.model_validate(case["plan"]), case["batch"]
         pm = parallelize(arch, plan, dev, "ddp", seed=0)
         opt = torch.optim.AdamW(pm.module.parameters(), lr=1e-4)
-        times = []
+        times, probes = [], []
         busy0 = cpu0 = wall0 = stamp0 = None
         for step in range(warmup + steps):
             x, y = synthetic_batch(arch, step, batch)
+            if step >= warmup:  # the host's speed beside this step, outside the timed window
+                probes.append(probe.probe())
             dist.barrier()
             if step == warmup:  # other tenants' CPU use over the timed steps: host busy time minus ours
                 busy0, cpu0, wall0, stamp0 = (host_busy_core_seconds(), time.process_time(), time.perf_counter(),
@@ -155,11 +161,13 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
         stamp1 = time.time()
         ours = torch.tensor([time.process_time() - cpu0], dtype=torch.float64)
         dist.all_reduce(ours)
+        speed = torch.tensor([statistics.median(probes)], dtype=torch.float64)
+        dist.all_reduce(speed)
         busy1, wall = host_busy_core_seconds(), time.perf_counter() - wall0
         ambient = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0 - float(ours)) / wall)
         results.append({"plan": plan.model_dump(), "model": arch.name, "batch": batch, "times": times,
                         "iter_s": statistics.median(times), "own_cpu_s": float(ours), "wall_s": wall,
-                        "ambient_cores": ambient, "window": [stamp0, stamp1]})
+                        "ambient_cores": ambient, "probe_s": float(speed) / world, "window": [stamp0, stamp1]})
         del pm, opt
         dist.barrier()
         if rank == 0:
