@@ -22,8 +22,15 @@ class JobDecision(BaseModel):
     num_nodes: NonNegativeInt = 0
     placement: dict[str, list[NonNegativeInt]] = Field(default_factory=dict, description="node id -> GPU indices")
     plan: Plan | None = None
-    est_iter_time_s: NonNegativeFloat | None = None
-    est_throughput: NonNegativeFloat | None = Field(None, description="samples/s")
+    est_iter_time_s: NonNegativeFloat | None = Field(
+        None, description="seconds per iteration where the job is placed: the plan's time alone x est_slowdown")
+    est_throughput: NonNegativeFloat | None = Field(
+        None, description="samples/s where the job is placed, co-located jobs included: the plan's throughput "
+                          "alone / est_slowdown")
+    est_slowdown: float | None = Field(
+        None, ge=1.0, description="predicted co-location slowdown (>= 1) from jobs sharing the node's GPU fabric "
+                                  "or a rack uplink with this one; 1 = nothing shared; None = not modelled "
+                                  "(est_iter_time_s and est_throughput are then the plan's alone)")
     est_mem_per_gpu_gib: NonNegativeFloat | None = None
     reason: str | None = Field(None, description="why the job waits or was preempted")
 

@@ -3,15 +3,21 @@
 Kept jobs stay where they are; multi-node grids take whole free nodes, as few racks as
 possible (networkx topology: cluster - rack - node); sub-node grids go best-fit into one
 node, largest first, preferring the job's previous node. With power-of-two sizes this
-packs whatever the level-1 packing constraints admit."""
+packs whatever the level-1 packing constraints admit.
+
+Given a `Contention` (arena_opt/contention.py), choices that are equally good for packing (nodes with
+the same free count; racks with the same free whole nodes) go to the one with the lowest predicted
+co-location slowdown, the rule above breaking ties; the contention then holds every placed job."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from functools import lru_cache
+from typing import Callable
 
 import networkx as nx
 
+from arena_opt.contention import Contention
 from arena_opt.grids import Grid
 from arena_opt.snapshot import ClusterSnapshot
 
@@ -23,7 +29,22 @@ class PlacementError(RuntimeError):
 def topology(snapshot: ClusterSnapshot) -> nx.Graph:
     """cluster - rack - node tree; GPUs of a node share its links, so nodes are the leaves.
     The graph is shared between snapshots of the same nodes (a scheduler's every round): read only."""
-    return _topology(tuple((n.id, n.rack, n.gpu_type, n.num_gpus) for n in snapshot.nodes))
+    return _topology(_node_key(snapshot))
+
+
+def rack_map(snapshot: ClusterSnapshot) -> dict[str, str]:
+    """node id -> its rack in `topology` (shared like the graph: read only)."""
+    return _rack_map(_node_key(snapshot))
+
+
+def _node_key(snapshot: ClusterSnapshot) -> tuple[tuple[str, str | None, str, int], ...]:
+    return tuple((n.id, n.rack, n.gpu_type, n.num_gpus) for n in snapshot.nodes)
+
+
+@lru_cache(maxsize=8)
+def _rack_map(nodes: tuple[tuple[str, str | None, str, int], ...]) -> dict[str, str]:
+    topo = _topology(nodes)
+    return {n[0]: next(iter(topo.neighbors(n[0]))) for n in nodes}
 
 
 @lru_cache(maxsize=8)
@@ -53,14 +74,17 @@ class FreeIndex:
     def whole(self) -> list[str]:
         return list(self.bucket[self.g])
 
-    def best_fit(self, k: int, prefer: set[str] = frozenset()) -> str | None:
+    def best_fit(self, k: int, prefer: set[str] = frozenset(), cost: Callable[[str], float] | None = None
+                 ) -> str | None:
+        """A preferred node with room (the fullest), else a node among the fullest with room: the first
+        of them, or the first of the lowest `cost` (a cost of 0 cannot be beaten: the search stops)."""
         for c in range(k, self.g + 1):
             for n in prefer:
                 if self.count.get(n) == c:
                     return n
         for c in range(k, self.g + 1):
             if self.bucket[c]:
-                return next(iter(self.bucket[c]))
+                return next(iter(self.bucket[c])) if cost is None else _lowest(self.bucket[c], cost)
         return None
 
     def take(self, n: str, k: int) -> None:
@@ -70,8 +94,8 @@ class FreeIndex:
         self.bucket[c - k][n] = None
 
 
-def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid]) -> dict[str, dict[str, list[int]]]:
-    nodes = {n.id: n for n in snapshot.nodes}
+def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid], contention: Contention | None = None
+          ) -> dict[str, dict[str, list[int]]]:
     free: dict[str, list[int]] = {n.id: list(range(n.num_gpus)) for n in snapshot.nodes}
     jobs = {j.id: j for j in snapshot.jobs}
     out: dict[str, dict[str, list[int]]] = {}
@@ -82,9 +106,10 @@ def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid]) -> dict[str, dict[
                 for i in gpus:
                     free[nid].remove(i)
             out[jid] = {nid: sorted(gs) for nid, gs in placement.items()}
+            if contention is not None:
+                contention.add(jid, g, out[jid])
 
-    topo = topology(snapshot)
-    rack_of = {n: next(iter(topo.neighbors(n))) for n in nodes}
+    rack_of = rack_map(snapshot) if contention is None else contention.links.rack_of
     pool_nodes: dict[tuple, list[str]] = defaultdict(list)
     for n in snapshot.nodes:
         pool_nodes[(n.gpu_type, n.num_gpus, n.intra_link)].append(n.id)
@@ -95,9 +120,11 @@ def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid]) -> dict[str, dict[
     for jid, g in todo:
         prev = set(jobs[jid].running.placement) if jobs[jid].running else set()
         idx = index[g.pool]
+        scored = contention is not None and contention.sensitive(jid, g)
         if g.multi_node:
             whole = idx.whole()
-            pick = _fewest_racks(whole, g.shape.nodes, rack_of, prev)
+            rack_cost = (lambda r, jid=jid, g=g: contention.rack_cost(jid, g, r)) if scored else None
+            pick = _fewest_racks(whole, g.shape.nodes, rack_of, prev, rack_cost)
             if pick is None:
                 raise PlacementError(f"job {jid}: needs {g.shape.nodes} free {g.pool[0]} nodes, "
                                      f"{len(whole)} are free")
@@ -107,16 +134,35 @@ def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid]) -> dict[str, dict[
                 free[n] = free[n][g.shape.gpus_per_node:]
                 idx.take(n, g.shape.gpus_per_node)
         else:
-            best = idx.best_fit(g.num_gpus, prev)
+            node_cost = (lambda n, jid=jid, g=g: contention.node_cost(jid, g, n)) if scored else None
+            best = idx.best_fit(g.num_gpus, prev, node_cost)
             if best is None:
                 raise PlacementError(f"job {jid}: no {g.pool[0]} node has {g.num_gpus} free GPUs")
             out[jid] = {best: free[best][: g.num_gpus]}
             free[best] = free[best][g.num_gpus:]
             idx.take(best, g.num_gpus)
+        if contention is not None:
+            contention.add(jid, g, out[jid])
     return out
 
 
-def _fewest_racks(whole: list[str], k: int, rack_of: dict[str, str], prev: set[str]) -> list[str] | None:
+def _lowest(items, cost: Callable[[str], float]):
+    """The first item of the lowest cost, in the order given; stops at the first cost of 0."""
+    best, best_c = None, float("inf")
+    for x in items:
+        c = cost(x)
+        if c < best_c:
+            best, best_c = x, c
+            if c <= 0.0:
+                break
+    return best
+
+
+def _fewest_racks(whole: list[str], k: int, rack_of: dict[str, str], prev: set[str],
+                  rack_cost: Callable[[str], float] | None = None) -> list[str] | None:
+    """k whole nodes in as few racks as possible: the smallest rack that holds them all, else the racks
+    with the most free nodes. Racks with as many free nodes as the last one taken are interchangeable
+    for packing: with `rack_cost` (a spanning job crosses each taken rack's uplink) the cheapest go first."""
     if len(whole) < k:
         return None
     by_rack: dict[str, list[str]] = defaultdict(list)
@@ -128,9 +174,30 @@ def _fewest_racks(whole: list[str], k: int, rack_of: dict[str, str], prev: set[s
     single = [r for r in by_rack.values() if len(r) >= k]
     if single:
         return min(single, key=len)[:k]
+    order = sorted(by_rack, key=lambda r: len(by_rack[r]), reverse=True)
+    if rack_cost is not None:
+        order = _cheapest_ties(order, k, by_rack, rack_cost)
     pick: list[str] = []
-    for r in sorted(by_rack.values(), key=len, reverse=True):
-        pick.extend(r[: k - len(pick)])
+    for r in order:
+        pick.extend(by_rack[r][: k - len(pick)])
         if len(pick) == k:
             break
     return pick
+
+
+def _cheapest_ties(order: list[str], k: int, by_rack: dict[str, list[str]], rack_cost) -> list[str]:
+    """`order` (racks by free nodes, descending) with the racks as free as the last one the job needs
+    sorted by cost (stable: equal costs keep the order); unchanged when the job takes all of them."""
+    need, taken = k, 0
+    for taken, r in enumerate(order, 1):
+        need -= len(by_rack[r])
+        if need <= 0:
+            break
+    last = len(by_rack[order[taken - 1]])
+    first = next(i for i, r in enumerate(order) if len(by_rack[r]) == last)
+    end = first
+    while end < len(order) and len(by_rack[order[end]]) == last:
+        end += 1
+    if end <= taken:
+        return order
+    return order[:first] + sorted(order[first:end], key=rack_cost) + order[end:]

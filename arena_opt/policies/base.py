@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 
+from arena_opt.contention import Contention
 from arena_opt.decision import Decision, JobDecision, SolverStats
 from arena_opt.grids import Grid
+from arena_opt.linkloads import ColocationOptions, CommShares, LinkLoads
 from arena_opt.perf.estimator import PerfEstimator
-from arena_opt.placement import place
+from arena_opt.placement import place, rack_map
 from arena_opt.snapshot import ClusterSnapshot, Job
 
 
@@ -25,14 +27,30 @@ class Policy(ABC):
 
 
 class GridPolicy(Policy):
-    """A policy that picks at most one grid per job; placement and the Decision are shared."""
+    """A policy that picks at most one grid per job; placement and the Decision are shared.
+    `colocation`: the co-location slowdown model placement and the decision's estimates use (None: off)."""
+
+    colocation: ColocationOptions | None = ColocationOptions()
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
         t0 = time.perf_counter()
         chosen, reasons, stats = self.choose(snapshot)
-        placements = place(snapshot, chosen)
+        contention = self.contention(snapshot)
+        placements = place(snapshot, chosen, contention)
+        slow = None if contention is None else contention.slowdowns()
         stats.total_s = time.perf_counter() - t0
-        return build_decision(snapshot, self.name, chosen, placements, reasons, stats)
+        return build_decision(snapshot, self.name, chosen, placements, reasons, stats, slow)
+
+    def contention(self, snapshot: ClusterSnapshot) -> Contention | None:
+        if self.colocation is None:
+            return None
+        est = self.estimator
+        shares = getattr(self, "_comm_shares", None)
+        if shares is None or shares.params is not est.params:  # plans' link shares, kept across rounds
+            shares = self._comm_shares = CommShares(est.params)
+        links = LinkLoads({n.id: n for n in snapshot.nodes}, rack_map(snapshot), snapshot.catalog, est.params,
+                          self.colocation)
+        return Contention(snapshot, links, shares)
 
     @abstractmethod
     def choose(self, snapshot: ClusterSnapshot) -> tuple[dict[str, Grid], dict[str, str], SolverStats]:
@@ -54,7 +72,8 @@ def action_for(job: Job, grid: Grid | None, placement: dict[str, list[int]] | No
 
 def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Grid],
                    placements: dict[str, dict[str, list[int]]], reasons: dict[str, str],
-                   stats: SolverStats) -> Decision:
+                   stats: SolverStats, slowdowns: dict[str, float] | None = None) -> Decision:
+    """`slowdowns`: predicted co-location factor of the placed jobs (absent = 1); None = not modelled."""
     out = []
     for job in snapshot.jobs:
         g = chosen.get(job.id)
@@ -65,7 +84,10 @@ def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Gri
                                    reason=reasons.get(job.id, "not selected: higher-value jobs use the capacity")))
             continue
         plan = job.running.plan if g.current else g.result.plan
+        slow = None if slowdowns is None else slowdowns.get(job.id, 1.0)
         out.append(JobDecision(job_id=job.id, action=act, gpu_type=g.shape.gpu_type, num_gpus=g.num_gpus,
-                               num_nodes=len(pl), placement=pl, plan=plan, est_iter_time_s=g.result.iter_time_s,
-                               est_throughput=g.throughput, est_mem_per_gpu_gib=g.result.mem_gib))
+                               num_nodes=len(pl), placement=pl, plan=plan,
+                               est_iter_time_s=g.result.iter_time_s * (slow or 1.0),
+                               est_throughput=g.throughput / (slow or 1.0), est_slowdown=slow,
+                               est_mem_per_gpu_gib=g.result.mem_gib))
     return Decision(time=snapshot.time, policy=policy, jobs=out, stats=stats)
