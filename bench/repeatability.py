@@ -1,0 +1,78 @@
+"""How well this host reproduces its own measurements: the same plans' measured step times in two
+runs of `bench/estimator_accuracy.py`, side by side. An estimate cannot be shown closer to the
+measurement than the measurement is to itself.
+
+    python bench/repeatability.py OLD.json NEW.json [--out bench/results]
+
+e.g. `git show <rev>:bench/results/estimator_accuracy.json > /tmp/old.json` for an earlier run.
+Writes repeatability.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+if sys.path and Path(sys.path[0]).resolve() == _HERE:
+    sys.path.append(sys.path.pop(0))
+sys.path.insert(0, str(_HERE.parent))
+
+from _perf_common import command, err_stats, fmt_pct, md_table, write  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("old", type=Path)
+    ap.add_argument("new", type=Path)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = ap.parse_args(argv)
+    runs = []
+    for p in (args.old, args.new):
+        try:
+            runs.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"error: {p}: {e}", file=sys.stderr)
+            return 2
+    old = {(r["arch"], r["world"], r["plan"]): r for r in runs[0]["rows"]}
+    rows, by_world = [], defaultdict(list)
+    for r in runs[1]["rows"]:
+        o = old.get((r["arch"], r["world"], r["plan"]))
+        if o is None:
+            continue
+        d = r["measured_s"] / o["measured_s"] - 1
+        rows.append({"arch": r["arch"], "world": r["world"], "plan": r["plan"], "old_s": o["measured_s"],
+                     "new_s": r["measured_s"], "rel_diff": d})
+        by_world[r["world"]].append(d)
+    payload = {"command": command(), "old": {"path": str(args.old), "git": runs[0].get("git")},
+               "new": {"path": str(args.new), "git": runs[1].get("git")}, "machine": runs[1].get("machine"),
+               "per_world": {str(w): err_stats(v) for w, v in sorted(by_world.items())},
+               "all": err_stats([r["rel_diff"] for r in rows]), "rows": rows}
+    m = payload["machine"] or {}
+    md = "\n".join([
+        "# Run-to-run repeatability of the measured plans (CPU, gloo)\n",
+        f"Command: `{payload['command']}`: the measured median step of the same plans in the "
+        f"`bench/estimator_accuracy.py` run of git {runs[0].get('git')} and of git {runs[1].get('git')}, "
+        f"both on {m.get('cpu_model', m.get('processor', '?'))} ({runs[1].get('cores')} cores, shared). "
+        "The measured path (`arena_opt.profiling.measure`) differs between the two only by the speed probe "
+        "each rank runs outside the timed window.\n",
+        "## Relative difference per process count (new / old - 1)\n",
+        md_table(["processes", "plans", "mean |diff|", "max |diff|", "median signed"],
+                 [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
+                  for w, s in payload["per_world"].items()]),
+        f"\nAll {payload['all']['n']} plans: mean |diff| {fmt_pct(payload['all']['mean'])}, max "
+        f"{fmt_pct(payload['all']['max'])}.\n",
+        "## Every plan\n",
+        md_table(["model", "processes", "plan", "old s", "new s", "diff"],
+                 [[r["arch"], r["world"], r["plan"], f"{r['old_s']:.3f}", f"{r['new_s']:.3f}", fmt_pct(r["rel_diff"])]
+                  for r in rows])])
+    write(args.out, "repeatability", payload, md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
