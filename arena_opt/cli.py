@@ -67,6 +67,16 @@ def _save_plans(est) -> None:
             pass  # a read-only home only costs the next run its warm start
 
 
+def _colocation(args):
+    from arena_opt.linkloads import ColocationOptions
+
+    if args.no_colocation:
+        return None
+    if not args.uplink_oversubscription > 0:
+        raise InputError(f"--uplink-oversubscription must be > 0 (value {args.uplink_oversubscription})")
+    return ColocationOptions(uplink_oversubscription=args.uplink_oversubscription)
+
+
 def cmd_solve(args) -> int:
     from arena_opt.feasibility import check_decision
     from arena_opt.io import load_model, write_model
@@ -84,7 +94,10 @@ def cmd_solve(args) -> int:
         if args.max_reconfigs is not None:
             opts["max_reconfigs_per_round"] = args.max_reconfigs
         kw["options"] = ArenaOptions(**opts)
-    decision = get_policy(args.policy, **kw).decide(snap)
+    policy = get_policy(args.policy, **kw)
+    if hasattr(policy, "colocation"):
+        policy.colocation = _colocation(args)
+    decision = policy.decide(snap)
     _save_plans(est)
     check_decision(snap, decision)
     if args.output:
@@ -190,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--perf-table", help="measured table (prof_records.csv layout)")
     s.add_argument("--table-mode", default="override", choices=["override", "strict", "off"])
     s.add_argument("--json", action="store_true", help="print the decision as JSON instead of a table")
+    s.add_argument("--uplink-oversubscription", type=float, default=1.0,
+                   help="rack nodes' network bandwidth over the rack uplink's (default 1, non-blocking); above 1 "
+                        "placement keeps cross-rack jobs off shared uplinks and decisions predict their slowdown")
+    s.add_argument("--no-colocation", action="store_true",
+                   help="no co-location model: placement ignores other jobs' traffic, est_slowdown is null")
     s.set_defaults(func=cmd_solve)
 
     p = sub.add_parser("plan", help="grids, proxy plans and Pareto plans of one job")

@@ -111,3 +111,18 @@ def test_import_and_solve_do_not_import_torch():
             "assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_solve_colocation_flags(tmp_path):
+    on, off = tmp_path / "on.json", tmp_path / "off.json"
+    assert main(["solve", str(SMALL), "-o", str(on), "--time-limit", "5", "--uplink-oversubscription", "3"]) == 0
+    assert main(["solve", str(SMALL), "-o", str(off), "--time-limit", "5", "--no-colocation"]) == 0
+    d_on, d_off = (Decision.model_validate_json(p.read_text()) for p in (on, off))
+    runs_on = [j for j in d_on.jobs if j.runs]
+    assert runs_on and all(j.est_slowdown is not None and j.est_slowdown >= 1 for j in runs_on)
+    assert all(j.est_slowdown is None for j in d_off.jobs)
+
+
+def test_solve_rejects_a_bad_oversubscription(capsys):
+    assert main(["solve", str(SMALL), "--uplink-oversubscription", "0"]) != 0
+    assert "--uplink-oversubscription must be > 0 (value 0.0)" in capsys.readouterr().err
