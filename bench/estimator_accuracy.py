@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -39,6 +40,7 @@ from arena_opt.profiling import compose as pc
 from arena_opt.profiling import db as pdb
 from arena_opt.profiling.layers import cpu_cores, profile_model
 from arena_opt.profiling.measure import Case, measure_each
+from arena_opt.profiling.speed import contention
 from models.catalog import get_arch
 from models.layers import layer_table
 from models.torch_layers import scaled_arch
@@ -122,6 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     for f in commbench.fit(points, "cpu", "gloo", "loopback", cores=cores):
         db.put_comm(f)
     comm_s = time.perf_counter() - t0
+    # ranks slow each other's compute through what they share; measured with the speed probe alone
+    # (two rounds, alternating, so that the host's drift falls on every count alike)
+    t0 = time.perf_counter()
+    probe_runs = defaultdict(list)
+    for _ in range(2):
+        for k in sorted({1, *worlds}):
+            probe_runs[k].append(contention(k))
+    probe_k = {k: statistics.median(v) for k, v in probe_runs.items()}
+    slowdown_k = {k: v / probe_k[1] for k, v in probe_k.items()}
+    contention_s = time.perf_counter() - t0
+    log("compute slowdown of k processes at once: " + ", ".join(f"{k}: x{v:.2f}" for k, v in slowdown_k.items()))
     comm = pc.comm_model(db, "cpu")
     topo = pc.Topology(intra="loopback", cores=cores)
 
@@ -156,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 speed = r["probe_s"] / prof.probe_s
                 est_speed = pc.plan_time(prof, plan, BATCH, comm, topo, compute_scale=speed).iter_time_s
                 est_cpu_speed = cpu_work(prof, plan, comm, topo, speed)
+                est_cont = pc.plan_time(prof, plan, BATCH, comm, topo, compute_scale=slowdown_k[w]).iter_time_s
                 meas_cpu = r["own_cpu_s"] / len(r["times"])
                 est_load = pc.plan_time(prof, plan, BATCH, comm,
                                         pc.Topology(intra="loopback", cores=cores, background=bg)).iter_time_s
@@ -168,11 +182,14 @@ def main(argv: list[str] | None = None) -> int:
                              "estimate_cpu_s": est_cpu, "measured_cpu_s": meas_cpu, "rel_err_cpu": est_cpu / meas_cpu - 1,
                              "speed_ratio": speed, "estimate_speed_s": est_speed,
                              "rel_err_speed": est_speed / r["iter_s"] - 1,
-                             "rel_err_cpu_speed": est_cpu_speed / meas_cpu - 1})
+                             "rel_err_cpu_speed": est_cpu_speed / meas_cpu - 1,
+                             "contention": slowdown_k[w], "estimate_contended_s": est_cont,
+                             "rel_err_contended": est_cont / r["iter_s"] - 1})
                 log(f"  {plan.describe():22s} est {est:.3f} s (load-aware {est_load:.3f})  meas {r['iter_s']:.3f} s "
                     f"(min {min(r['times']):.3f}, other tenants {bg:.1f} runnable)  "
                     f"err {100 * rows[-1]['rel_err']:+.1f}% / {100 * rows[-1]['rel_err_load_aware']:+.1f}%; "
-                    f"speed x{speed:.2f}: est {est_speed:.3f} s, err {100 * rows[-1]['rel_err_speed']:+.1f}%")
+                    f"speed x{speed:.2f}: est {est_speed:.3f} s, err {100 * rows[-1]['rel_err_speed']:+.1f}%; "
+                    f"with contention {est_cont:.3f} s, err {100 * rows[-1]['rel_err_contended']:+.1f}%")
 
     by_world = defaultdict(list)
     by_world_min = defaultdict(list)
@@ -180,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     by_world_cpu = defaultdict(list)
     by_world_speed = defaultdict(list)
     by_world_cpu_speed = defaultdict(list)
+    by_world_cont = defaultdict(list)
     for r in rows:
+        by_world_cont[r["world"]].append(r["rel_err_contended"])
         by_world_speed[r["world"]].append(r["rel_err_speed"])
         by_world_cpu_speed[r["world"]].append(r["rel_err_cpu_speed"])
         by_world_cpu[r["world"]].append(r["rel_err_cpu"])
@@ -196,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
                "per_world_cpu": {str(w): err_stats(v) for w, v in sorted(by_world_cpu.items())},
                "per_world_speed": {str(w): err_stats(v) for w, v in sorted(by_world_speed.items())},
                "per_world_cpu_speed": {str(w): err_stats(v) for w, v in sorted(by_world_cpu_speed.items())},
+               "per_world_contended": {str(w): err_stats(v) for w, v in sorted(by_world_cont.items())},
+               "contention": {str(k): v for k, v in slowdown_k.items()}, "contention_probe_s": probe_runs,
+               "contention_bench_s": contention_s,
                "load_avg_start": la_start, "load_avg_end": loadavg(), "steps": args.steps, "warmup": args.warmup,
                "all": err_stats([r["rel_err"] for r in rows]), "rows": rows, "failed": failed,
                "comm_fits": [f.model_dump(exclude={"points", "cpu_points"}) for f in db.comm]}
@@ -234,6 +256,11 @@ def render(p: dict) -> str:
            f"the collective benchmark {p['comm_bench_s']:.0f} s.\n",
            "## Relative error per process count (estimate / measured median - 1)\n",
            _err_table(p["per_world"]),
+           "\nWith the contention micro-benchmark (a prediction: every rank's compute scaled by the speed "
+           "probe's slowdown when as many processes as the plan has ranks run it at once, "
+           "`arena_opt.profiling.speed.contention`; measured before any plan runs: "
+           + ", ".join(f"{k} processes x{v:.2f}" for k, v in p["contention"].items()) + "):\n",
+           _err_table(p["per_world_contended"]),
            "\nAt the run's host speed: the host's speed drifts (other tenants; `bench/speed_drift.py`), so the "
            "profiler times a speed probe (`arena_opt.profiling.speed`) before every repeat and stores every layer "
            "at the profile's median probe time, every rank times the same probe before each timed step, and the estimate's compute is scaled by the ratio of the two "
@@ -252,15 +279,16 @@ def render(p: dict) -> str:
            _err_table(p["per_world_vs_min_step"]),
            "\n## Every plan\n",
            md_table(["model", "processes", "plan", "estimate s", "load-aware s", "measured s (median)", "min step s",
-                     "error", "load-aware error", "speed", "at run speed s", "error at run speed", "other runnable",
-                     "CPU s est / meas"],
+                     "error", "with contention s", "error with contention", "load-aware error", "speed",
+                     "at run speed s", "error at run speed", "other runnable", "CPU s est / meas"],
                     [[r["arch"], r["world"], r["plan"], f"{r['estimate_s']:.3f}", f"{r['estimate_load_aware_s']:.3f}",
                       f"{r['measured_s']:.3f}", f"{r['measured_min_s']:.3f}", fmt_pct(r["rel_err"]),
+                      f"{r['estimate_contended_s']:.3f}", fmt_pct(r["rel_err_contended"]),
                       fmt_pct(r["rel_err_load_aware"]), f"x{r['speed_ratio']:.2f}", f"{r['estimate_speed_s']:.3f}",
                       fmt_pct(r["rel_err_speed"]), f"{r['other_runnable']:.1f}",
                       f"{r['estimate_cpu_s']:.2f} / {r['measured_cpu_s']:.2f}"] for r in p["rows"]]),
            "\nPlans the runners could not run: " + ("none" if not p["failed"] else "; ".join(
-               f"{f['arch']} {f['plan']} on {f['world']} ({f['error'][-160:]})" for f in p["failed"])) + "\n",
+               f"{f['arch']} {f['plan']} on {f['world']} ({f['error'][-240:]})" for f in p["failed"])) + "\n",
            "\n## Collective fits (gloo, loopback)\n",
            md_table(["collective", "group", "alpha us", "GB/s", "mean fit error", "CPU alpha us", "CPU GB/s",
                      "CPU fit error"],

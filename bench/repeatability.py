@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `{payload['command']}`: the measured median step of the same plans in the "
         f"`bench/estimator_accuracy.py` run of git {runs[0].get('git')} and of git {runs[1].get('git')}, "
         f"both on {m.get('cpu_model', m.get('processor', '?'))} ({runs[1].get('cores')} cores, shared). "
-        "The measured path (`arena_opt.profiling.measure`) differs between the two only by the speed probe "
-        "each rank runs outside the timed window.\n",
+        "Where the two revisions are equal, or differ outside the measured path (`arena_opt.profiling.measure`, "
+        "`runners/`), any difference is the host's.\n",
         "## Relative difference per process count (new / old - 1)\n",
         md_table(["processes", "plans", "mean |diff|", "max |diff|", "median signed"],
                  [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]

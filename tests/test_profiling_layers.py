@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 
 from arena_opt.profiling import db as pdb  # noqa: E402
 from arena_opt.profiling.layers import _at_speed, distinct_layers, profile_model  # noqa: E402
-from arena_opt.profiling.speed import SpeedProbe  # noqa: E402
+from arena_opt.profiling.speed import SpeedProbe, contention  # noqa: E402
 from models.catalog import get_arch  # noqa: E402
 from models.layers import layer_table  # noqa: E402
 from models.torch_layers import scaled_arch  # noqa: E402
@@ -52,6 +52,7 @@ def test_samples_rescale_to_the_reference_speed_and_probe_is_timed():
     probe = SpeedProbe("cpu")
     mm, scale = probe.parts()
     assert mm > 0 and scale > 0 and probe.probe() > 0
+    assert contention(2, seconds=0.2) > 0  # both processes report a probe time
 
 
 def test_profile_without_speed_probe_keeps_raw_times():

@@ -71,4 +71,40 @@ class SpeedProbe:
         return statistics.median(self._once() for _ in range(repeats))
 
 
-__all__ = ["SpeedProbe"]
+
+def _contend(device: str, seconds: float, barrier, out) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    probe = SpeedProbe(device)
+    barrier.wait()
+    times, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        times.append(probe.probe())
+    out.put(statistics.median(times))
+
+
+def contention(processes: int, seconds: float = 3.0, device: str = "cpu") -> float:
+    """Median probe time (s) while `processes` single-thread processes run the probe at once: what
+    ranks of one host do to each other's speed through what they share (last-level cache, memory
+    bandwidth, and beyond one per core the switches between them). The ratio to `contention(1)`
+    is the compute slowdown of a plan's ranks on this host, as the colocation model's input."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # a fresh interpreter per process: no torch state forked
+    barrier, out = ctx.Barrier(processes), ctx.Queue()
+    procs = [ctx.Process(target=_contend, args=(device, seconds, barrier, out), daemon=True)
+             for _ in range(processes)]
+    for p in procs:
+        p.start()
+    try:
+        times = [out.get(timeout=seconds + 300) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    return statistics.median(times)
+
+
+__all__ = ["SpeedProbe", "contention"]
