@@ -1,6 +1,8 @@
 """Composition of plans from (synthetic) profiles, checked against iteration times computed by
 hand; profiles feeding the planner; roofline transfer between GPU types."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -121,6 +123,23 @@ def test_planner_uses_a_gpu_profile_and_falls_back_without_one():
     other = ARCH.model_copy(update={"name": "tiny-gpt-2"})
     assert est.grid(other, 8, gpu, None, GridShape("h200", 1, 2, 1)).proxy.iter_time_s == pytest.approx(
         PerfEstimator(table_mode="off").grid(other, 8, gpu, None, GridShape("h200", 1, 2, 1)).proxy.iter_time_s)
+
+
+def test_planner_charges_the_optimizer_call_once_per_stage():
+    from arena_opt.perf.compose import evaluate_split
+    from arena_opt.profiling.source import ProfileSource
+
+    call = 3 * MS
+    db = ProfileDB(models=[fsdp_profile(call).model_copy(update={"device": "cuda", "device_name": "NVIDIA H200"})])
+    gpu = BUILTIN_GPUS["h200"]
+    lc = ProfileSource(db)(ARCH, "h200", gpu, src_links(gpu), nodes=1, gpus_per_node=2, batch=8, dp=1, tp=1, m=2,
+                           recompute=False)
+    assert lc.stage_s == call
+    one = evaluate_split(lc, [(0, 4)], 2)
+    two = evaluate_split(lc, [(0, 2), (2, 4)], 2)
+    without = replace(lc, stage_s=0.0)
+    assert one.iter_time_s == pytest.approx(evaluate_split(without, [(0, 4)], 2).iter_time_s + call)
+    assert two.iter_time_s == pytest.approx(evaluate_split(without, [(0, 2), (2, 4)], 2).iter_time_s + call)
 
 
 def src_links(gpu):

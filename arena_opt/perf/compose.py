@@ -34,6 +34,7 @@ class LayerCosts:
     static_bytes: np.ndarray  # weights + grads + optimizer state on one GPU
     act_bytes: np.ndarray  # activations kept per in-flight micro-batch on one GPU
     peak_bytes: np.ndarray  # transient working memory while this layer runs (recompute, logits)
+    stage_s: float = 0.0  # paid once per stage and step whatever its layers: the optimizer step call
 
     @property
     def num_layers(self) -> int:
@@ -71,7 +72,7 @@ class _Segments:
             return p[None, :] - p[:, None]
 
         step = seg(lc.step_s)
-        tail = seg(lc.allreduce_s) + seg(lc.optim_s)
+        tail = seg(lc.allreduce_s) + seg(lc.optim_s) + lc.stage_s
         p2p_last = np.concatenate([[0.0], lc.p2p_s])[None, :]  # output of the segment's last layer
         self.t_mid = np.where(self.valid, step + p2p_last, np.inf)
         self.t_last = np.where(self.valid, step, np.inf)
@@ -137,7 +138,8 @@ def _evaluate(lc: LayerCosts, stages: list[tuple[int, int]], m: int) -> StageSpl
     costs, mems, times = [], [], []
     for k, (a, b) in enumerate(stages):
         t = float(lc.step_s[a:b].sum()) + (float(lc.p2p_s[b - 1]) if k < pp - 1 else 0.0)
-        costs.append((m + pp - 1) * t + float(lc.allreduce_s[a:b].sum()) + float(lc.optim_s[a:b].sum()))
+        costs.append((m + pp - 1) * t + float(lc.allreduce_s[a:b].sum()) + float(lc.optim_s[a:b].sum())
+                     + lc.stage_s)
         inflight = min(m, pp - k)
         mems.append(float(lc.static_bytes[a:b].sum()) + inflight * float(lc.act_bytes[a:b].sum())
                     + max(0.0, float(lc.peak_bytes[a:b].max())))

@@ -267,7 +267,8 @@ def _costs(parts: LayerParts, topo: Topology, world: int, compute_scale: np.ndar
         scale = scale * max(1.0, (world + topo.background) / topo.cores)
     step = (parts.fwd_s + parts.bwd_s) * scale + parts.comm_fwd_s + parts.comm_bwd_s
     return LayerCosts(step_s=step, p2p_s=2 * parts.p2p_s, allreduce_s=parts.dp_s, optim_s=parts.tail_cpu_s,
-                      static_bytes=parts.static_bytes, act_bytes=parts.act_bytes, peak_bytes=parts.peak_bytes)
+                      static_bytes=parts.static_bytes, act_bytes=parts.act_bytes, peak_bytes=parts.peak_bytes,
+                      stage_s=parts.call_s)
 
 
 def ps_schedule(parts: LayerParts, stages: list[tuple[int, int]], m: int, ranks_per_stage: int, cores: float,
@@ -386,12 +387,12 @@ def _plan_costs(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, top
 def _timed(res: StageSplit, parts: LayerParts, prof: ModelProfile, plan: Plan, topo: Topology,
            compute_scale) -> StageSplit:
     """The split's iteration time: the processor-sharing schedule on a host with `topo.cores`, else the
-    closed form plus the optimizer's per-call cost."""
+    closed form (which charges the optimizer's per-call cost once per stage, `LayerCosts.stage_s`)."""
     if topo.cores:
         t = ps_schedule(parts, list(res.stages), plan.num_microbatches, plan.dp * plan.tp, topo.cores,
                         topo.background, compute_scale)
         return replace(res, iter_time_s=t)
-    return replace(res, iter_time_s=res.iter_time_s + prof.optim_call_s)
+    return res
 
 
 def compute_seconds(prof: ModelProfile, plan: Plan, batch: int) -> float:
