@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from arena_opt.plan import Plan
 from models.catalog import Arch
-from models.torch_layers import MLP, Embedding, Head, LayerStack, TransformerBlock, loss_fn
+from models.torch_layers import MLP, Embedding, Head, LayerStack, TransformerBlock, layer_kinds, loss_fn
 from runners.stages import PlanError, check_plan
 
 
@@ -124,11 +124,24 @@ def parallelize(arch: Arch, plan: Plan, device: torch.device, dp_mode: str = "dd
     else:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-        stage = PipelineStage(module, pp_rank, plan.pp, device, group=mesh["pp"].get_group())
-        # scale_grads: gradients are the mean over micro-batches, as in the other plans
-        schedule = Schedule1F1B(stage, n_microbatches=nm, loss_fn=loss_fn, scale_grads=True)
+        schedules: dict[tuple[int, ...], Schedule1F1B] = {}
+
+        def schedule_for(x: torch.Tensor) -> Schedule1F1B:
+            # built once per micro-batch shape: a stage with example inputs and outputs skips the
+            # library's shape inference, which runs the stage's forward on uninitialised buffers;
+            # MoE routing on that garbage differs between tp ranks, their expert shapes with it, and
+            # the DTensor collectives then mismatch (gloo size error) or hang
+            key = tuple(x.shape)
+            if key not in schedules:
+                examples = _stage_examples(arch, (first, last), x, nm, device)
+                stage = PipelineStage(module, pp_rank, plan.pp, device, group=mesh["pp"].get_group(),
+                                      **(examples or {}))
+                # scale_grads: gradients are the mean over micro-batches, as in the other plans
+                schedules[key] = Schedule1F1B(stage, n_microbatches=nm, loss_fn=loss_fn, scale_grads=True)
+            return schedules[key]
 
         def step_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+            schedule = schedule_for(x)
             if pp_rank == 0:
                 schedule.step(x)
                 return None
@@ -140,6 +153,23 @@ def parallelize(arch: Arch, plan: Plan, device: torch.device, dp_mode: str = "dd
             return None
 
     return ParallelModel(arch, plan, mesh, device, module, (first, last), step_fn, is_last, dp_rank)
+
+
+def _stage_examples(arch: Arch, layers: tuple[int, int], x: torch.Tensor, nm: int, device: torch.device
+                    ) -> dict[str, torch.Tensor] | None:
+    """Example input and output of a transformer stage for one micro-batch of this rank's batch `x`
+    (tokens in, hidden states between stages, vocabulary logits out); None for conv stacks, whose
+    shapes do not depend on the data, so the library's shape inference is harmless there."""
+    if arch.family == "wide_resnet":
+        return None
+    first, last = layers
+    mb = x.shape[0] // nm
+    hidden = (mb, arch.seq_len, arch.hidden)
+    # activations carry gradients back across the stage boundary: the examples say so
+    inp = (torch.zeros((mb, *x.shape[1:]), dtype=x.dtype, device=device) if first == 0
+           else torch.zeros(hidden, device=device, requires_grad=True))
+    out_shape = (mb, arch.seq_len, arch.vocab) if last == len(layer_kinds(arch)) else hidden
+    return {"input_args": inp, "output_args": torch.zeros(out_shape, device=device, requires_grad=True)}
 
 
 def _sync(module: nn.Module, enabled: bool) -> None:

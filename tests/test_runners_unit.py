@@ -194,3 +194,24 @@ def test_decisions_the_runner_cannot_apply(tmp_path):
                                                    placement={"n": [0, 1, 2]}, plan=Plan(dp=3))]))
     st = r.status()[0]
     assert st.state == "pending" and "not divisible" in st.message and r.jobs["a"].handle is None
+
+
+def test_pipeline_stages_get_example_tensors_instead_of_shape_inference():
+    # the pipelining library's shape inference runs a stage on uninitialised buffers; on MoE under
+    # tp the routing of that garbage differs between tp ranks and their collectives mismatch, so
+    # transformer stages are built from examples (tokens in, hidden states between, logits out)
+    import torch
+
+    from runners.parallelize import _stage_examples
+
+    arch = scaled_arch(get_arch("moe-690M"), max_hidden=64, max_layers=4, seq_len=16, max_vocab=256)
+    n = layer_table(arch).num_layers
+    x = torch.zeros((8, arch.seq_len), dtype=torch.long)  # this rank's batch, 2 micro-batches of 4
+    first = _stage_examples(arch, (0, 2), x, 2, torch.device("cpu"))
+    last = _stage_examples(arch, (2, n), x, 2, torch.device("cpu"))
+    assert first["input_args"].shape == (4, arch.seq_len) and first["input_args"].dtype == torch.long
+    assert not first["input_args"].requires_grad
+    assert first["output_args"].shape == (4, arch.seq_len, arch.hidden) and first["output_args"].requires_grad
+    assert last["input_args"].shape == (4, arch.seq_len, arch.hidden) and last["input_args"].requires_grad
+    assert last["output_args"].shape == (4, arch.seq_len, arch.vocab)
+    assert _stage_examples(scaled_arch(get_arch("wide_resnet-1B")), (0, 2), x, 2, torch.device("cpu")) is None
