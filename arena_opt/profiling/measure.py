@@ -178,23 +178,56 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
 
 
 def launch(module: str, world: int, args: list[str], timeout_s: float,
-           sampler: RunQueueSampler | None = None) -> None:
+           sampler: RunQueueSampler | None = None, progress: tuple[str, float] | None = None) -> None:
     """Start `python -m module --rank r --world world ARGS` for every rank and wait for all; on a
     failure or timeout the ranks still running are terminated (only the processes started here).
-    A `sampler` runs here while the ranks do, over their pids."""
+    A `sampler` runs here while the ranks do, over their pids. `progress` = (path, seconds): the
+    ranks rewrite `path` after every unit of work; when it stays unchanged that long they are taken
+    for hung (a collective that never completes can outlast the process group's own timeout)."""
+    import tempfile
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    # stderr to files: a rank that writes much (warnings) can never block on a full pipe while the
+    # launcher polls the others
+    logs = [tempfile.TemporaryFile("w+") for _ in range(world)]
     procs = [subprocess.Popen([sys.executable, "-m", module, "--rank", str(r), "--world", str(world), *args],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              env=env, stdout=subprocess.DEVNULL, stderr=logs[r], text=True)
              for r in range(world)]
     if sampler is not None:
         sampler.pids = [p.pid for p in procs]
         sampler.__enter__()
     try:
+        t0 = last = time.monotonic()
+        seen = None
+        while True:
+            codes = [p.poll() for p in procs]  # every rank polled: a failed one is seen at once
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                break  # all done, or a failed rank leaves its peers waiting on it
+            now = time.monotonic()
+            if now - t0 > timeout_s:
+                raise subprocess.TimeoutExpired(module, timeout_s)
+            if progress is not None:
+                try:
+                    stamp = os.stat(progress[0]).st_mtime_ns
+                except OSError:
+                    stamp = None
+                if stamp != seen:
+                    seen, last = stamp, now
+                elif now - last > progress[1]:
+                    raise RuntimeError(f"{module}: hung: no progress in {progress[1]:.0f} s")
+            time.sleep(0.2)
+        grace = time.monotonic() + 5.0  # the failed rank's peers fail on its closed connection: let the
+        for p in procs:                 # one that failed first be among those read
+            try:
+                p.wait(timeout=max(0.0, grace - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
         errs = []
-        for p in procs:
-            _, err = p.communicate(timeout=timeout_s)
-            if p.returncode != 0:
-                errs.append(err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}")
+        for p, log in zip(procs, logs):
+            if p.poll() is not None and p.returncode != 0:
+                log.seek(0)
+                err = log.read().strip()
+                errs.append(err.splitlines()[-1] if err else f"exit {p.returncode}")
         if errs:
             # the rank that failed first names the cause; its peers only report the closed connection
             cause = next((e for e in errs if "closed by peer" not in e and "Connection reset" not in e), errs[0])
@@ -209,6 +242,8 @@ def launch(module: str, world: int, args: list[str], timeout_s: float,
                     p.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     p.kill()
+        for log in logs:
+            log.close()
 
 
 class LaunchFailed(RuntimeError):
@@ -237,9 +272,10 @@ def measure_each(cases: list[Case], **kw) -> list[dict]:
 
 
 def measure(cases: list[Case], *, steps: int = 5, warmup: int = 2, threads: int = 1, device: str = "cpu",
-            timeout_s: float = 1800, coll_timeout_s: float = 180) -> list[dict]:
+            timeout_s: float = 1800, coll_timeout_s: float = 180, case_timeout_s: float = 600) -> list[dict]:
     """Run every case (all of one world size) in one launch; returns one result dict per case. Raises
-    `LaunchFailed` (with the results of the cases measured before the failure) if a rank fails."""
+    `LaunchFailed` (with the results of the cases measured before the failure) if a rank fails, or
+    if no case finishes within `case_timeout_s` (a hung plan)."""
     worlds = {c.plan.num_gpus for c in cases}
     if len(worlds) != 1:
         raise ValueError(f"cases of one launch must share a world size, got {sorted(worlds)}")
@@ -255,7 +291,7 @@ def measure(cases: list[Case], *, steps: int = 5, warmup: int = 2, threads: int 
             launch("arena_opt.profiling.measure", world,
                    ["--port", str(free_port()), "--cases", cases_path, "--steps", str(steps), "--warmup",
                     str(warmup), "--threads", str(threads), "--out", out, "--device", device, "--coll-timeout",
-                    str(coll_timeout_s)], timeout_s, sampler)
+                    str(coll_timeout_s)], timeout_s, sampler, progress=(out, case_timeout_s))
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             failure = e
         results = json.loads(Path(out).read_text()) if Path(out).is_file() else []
