@@ -52,7 +52,7 @@ class Contention:
         be oversubscribed, a sub-node one with several GPUs on a fabric of limited capacity."""
         if grid.multi_node:
             return self.links.uplinks_shared
-        return grid.num_gpus > 1 and self.links.options.fabric_rings.get(self._kind(grid)) is not None
+        return grid.num_gpus > 1 and self.links.fabric_rings(self._kind(grid)) is not None
 
     # ---- candidates ----------------------------------------------------------------------------
     def sensitive(self, job_id: str, grid: Grid) -> bool:

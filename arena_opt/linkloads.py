@@ -83,13 +83,14 @@ class CommShares:
         terms = layer_terms(table, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node, batch=batch, dp=plan.dp,
                             tp=plan.tp, m=m, recompute=plan.recompute)
         rates = rate_vector(self.params, gpu_name, table.dtype, links.intra_kind, table.family)
+        costs = terms.costs(rates)
         stages = list(plan.stages)
         if not stages:  # a running plan given without its split: the model's own split
-            split = split_stages(terms.costs(rates), plan.pp, m, float("inf"))
+            split = split_stages(costs, plan.pp, m, float("inf"))
             if split is None:
                 return CommShare(0.0, 0.0)
             stages = split.stages
-        full = evaluate_split(terms.costs(rates), stages, m).iter_time_s
+        full = evaluate_split(costs, stages, m).iter_time_s
 
         def share(name: str) -> float:
             free = rates.copy()
@@ -136,10 +137,11 @@ class LinkLoads:
         kind, name = resource.split(":", 1)
         if kind == "uplink":
             return self._rack_bps[name] / self.options.uplink_oversubscription
-        return self.fabric_capacity(self._nodes[name].gpu_type, self._nodes[name].intra_link)
+        return self.fabric_rings(self.kind(self._nodes[name].gpu_type, self._nodes[name].intra_link))
 
-    def fabric_capacity(self, gpu_type: str, intra_link: str | None) -> float | None:
-        return self.options.fabric_rings.get(self.kind(gpu_type, intra_link))
+    def fabric_rings(self, kind: str) -> float | None:
+        """Capacity of a node fabric of this link kind, in jobs' rings; None: not shared (no limit)."""
+        return self.options.fabric_rings.get(kind)
 
     def kind(self, gpu_type: str, intra_link: str | None) -> str:
         """The intra-node link kind of a pool (`perf.analytical.intra_link_kind`), cached."""
@@ -151,7 +153,7 @@ class LinkLoads:
 
     def fabric(self, comm: JobComm, node: str) -> dict[str, Load]:
         """Loads of a single-node job on `node`."""
-        if comm.intra_busy_s <= 0 or self.options.fabric_rings.get(comm.intra_kind) is None:
+        if comm.intra_busy_s <= 0 or self.fabric_rings(comm.intra_kind) is None:
             return {}
         return {f"fabric:{node}": Load(comm.intra_busy_s, 1.0)}
 

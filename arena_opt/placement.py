@@ -109,7 +109,7 @@ def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid], contention: Conten
             if contention is not None:
                 contention.add(jid, g, out[jid])
 
-    rack_of = rack_map(snapshot) if contention is None else contention.links.rack_of
+    rack_of = rack_map(snapshot)
     pool_nodes: dict[tuple, list[str]] = defaultdict(list)
     for n in snapshot.nodes:
         pool_nodes[(n.gpu_type, n.num_gpus, n.intra_link)].append(n.id)

@@ -77,6 +77,13 @@ def md_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def err_table(per_world: dict, what: str = "err") -> str:
+    """Markdown table of `err_stats` per process count: plans, mean and max |what|, median signed."""
+    return md_table(["processes", "plans", f"mean |{what}|", f"max |{what}|", "median signed"],
+                    [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
+                     for w, s in per_world.items()])
+
+
 def arena_estimates(path: Path) -> dict[tuple, dict[tuple[int, int, int], float]]:
     """Arena's own per-plan estimates (`arena_estimated` rows of prof_records.csv):
     (catalog model, batch, GPU type, nodes, GPUs per node) -> {(pp, dp, tp): iteration time s}."""

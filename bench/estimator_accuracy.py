@@ -32,7 +32,7 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:
     sys.path.append(sys.path.pop(0))
 sys.path.insert(0, str(_HERE.parent))
 
-from _perf_common import command, err_stats, fmt_pct, git_rev, machine, md_table, write
+from _perf_common import command, err_stats, err_table, fmt_pct, git_rev, machine, md_table, write
 
 from arena_opt.plan import Plan
 from arena_opt.profiling import commbench
@@ -230,12 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _err_table(per_world: dict) -> str:
-    return md_table(["processes", "plans", "mean |err|", "max |err|", "median signed"],
-                    [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
-                     for w, s in per_world.items()])
-
-
 def render(p: dict) -> str:
     m = p["machine"]
     out = ["# Composed estimate vs direct multi-process measurement (CPU, gloo)\n",
@@ -255,28 +249,28 @@ def render(p: dict) -> str:
            f"Profiling took {', '.join(f'{k} {v:.0f} s' for k, v in p['profile_s'].items())}; "
            f"the collective benchmark {p['comm_bench_s']:.0f} s.\n",
            "## Relative error per process count (estimate / measured median - 1)\n",
-           _err_table(p["per_world"]),
+           err_table(p["per_world"]),
            "\nWith the contention micro-benchmark (a prediction: every rank's compute scaled by the speed "
            "probe's slowdown when as many processes as the plan has ranks run it at once, "
            "`arena_opt.profiling.speed.contention`; measured before any plan runs: "
            + ", ".join(f"{k} processes x{v:.2f}" for k, v in p["contention"].items()) + "):\n",
-           _err_table(p["per_world_contended"]),
+           err_table(p["per_world_contended"]),
            "\nAt the run's host speed: the host's speed drifts (other tenants; `bench/speed_drift.py`), so the "
            "profiler times a speed probe (`arena_opt.profiling.speed`) before every repeat and stores every layer "
            "at the profile's median probe time, every rank times the same probe before each timed step, and the estimate's compute is scaled by the ratio of the two "
            "probe times (column `speed` below); collectives are not scaled:\n",
-           _err_table(p["per_world_speed"]),
+           err_table(p["per_world_speed"]),
            "\nCPU work at the run's host speed (all ranks' CPU seconds per step, estimated vs measured):\n",
-           _err_table(p["per_world_cpu_speed"]),
+           err_table(p["per_world_cpu_speed"]),
            "\nLoad-aware estimate (the runnable tasks of other tenants, sampled by the launching process during the "
            "run, enter the processor-sharing schedule as background load; the sample also counts some of the ranks' "
            "own threads caught between states, so it is biased upwards with 4 ranks):\n",
-           _err_table(p["per_world_load_aware"]),
+           err_table(p["per_world_load_aware"]),
            "\nCPU work (all ranks' CPU seconds per step, estimated vs measured process CPU time): separates the "
            "compute terms from scheduling:\n",
-           _err_table(p["per_world_cpu"]),
+           err_table(p["per_world_cpu"]),
            "\nAgainst the least disturbed (minimum) step:\n",
-           _err_table(p["per_world_vs_min_step"]),
+           err_table(p["per_world_vs_min_step"]),
            "\n## Every plan\n",
            md_table(["model", "processes", "plan", "estimate s", "load-aware s", "measured s (median)", "min step s",
                      "error", "with contention s", "error with contention", "load-aware error", "speed",

@@ -22,7 +22,7 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:
     sys.path.append(sys.path.pop(0))
 sys.path.insert(0, str(_HERE.parent))
 
-from _perf_common import command, err_stats, fmt_pct, md_table, write  # noqa: E402
+from _perf_common import command, err_stats, err_table, fmt_pct, md_table, write  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,15 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         "Where the two revisions are equal, or differ outside the measured path (`arena_opt.profiling.measure`, "
         "`runners/`), any difference is the host's.\n",
         "## Relative difference per process count (new / old - 1)\n",
-        md_table(["processes", "plans", "mean |diff|", "max |diff|", "median signed"],
-                 [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
-                  for w, s in payload["per_world"].items()]),
+        err_table(payload["per_world"], "diff"),
         f"\nAll {payload['all']['n']} plans: mean |diff| {fmt_pct(payload['all']['mean'])}, max "
         f"{fmt_pct(payload['all']['max'])}.\n",
         "## The estimates of the same plans (each run profiles afresh)\n",
-        md_table(["processes", "plans", "mean |diff|", "max |diff|", "median signed"],
-                 [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
-                  for w, s in payload["per_world_estimate"].items()]),
+        err_table(payload["per_world_estimate"], "diff"),
         "## Every plan\n",
         md_table(["model", "processes", "plan", "measured old s", "measured new s", "diff", "estimate old s",
                   "estimate new s", "diff"],
