@@ -95,7 +95,7 @@ def cmd_solve(args) -> int:
             opts["max_reconfigs_per_round"] = args.max_reconfigs
         kw["options"] = ArenaOptions(**opts)
     policy = get_policy(args.policy, **kw)
-    if hasattr(policy, "colocation"):
+    if getattr(policy, "colocation", None) is not None:  # the policies that place through the model
         policy.colocation = _colocation(args)
     decision = policy.decide(snap)
     _save_plans(est)

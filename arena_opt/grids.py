@@ -78,11 +78,11 @@ def compact_shape(n: int, gpus_per_node: int) -> tuple[int, int]:
 
 
 def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, max_gpus_default: int = 16,
-              all_pp: bool = False, prune: bool = False, pool_map: dict[tuple, Pool] | None = None,
+              prune: bool = False, pool_map: dict[tuple, Pool] | None = None,
               node_map: dict[str, Node] | None = None, context: tuple | None = None) -> list[Grid]:
     """All grids of one job: compact shapes on every allowed pool and power-of-two count. Only the best
-    pipeline depth of each (pool, count) is kept (the others use the same GPUs for less), unless
-    `all_pp`; `prune` also drops dominated grids (see drop_dominated). The running allocation is
+    pipeline depth of each (pool, count) is kept (the others use the same GPUs for less);
+    `prune` also drops dominated grids (see drop_dominated). The running allocation is
     always kept as the `current` grid."""
     pool_map = pool_map if pool_map is not None else pools(snapshot)
     node_map = node_map if node_map is not None else {n.id: n for n in snapshot.nodes}
@@ -95,11 +95,8 @@ def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, 
     entry = cache.get(key)
     if entry is None:
         entry = cache[key] = _JobOptions(_options(job, snapshot, estimator, pool_map, max_gpus_default))
-    if all_pp:
-        cands = [(pk, c) for pk, cs in entry.per_pool for c in cs]
-    else:
-        # jobs of one workload share these; a round only stamps the job id and the running grid on them
-        cands = entry.pruned() if prune else entry.best()
+    # jobs of one workload share these; a round only stamps the job id and the running grid on them
+    cands = entry.pruned() if prune else entry.best()
     out = [Grid(job.id, pk, shape, proxy, pareto, cur_key == (pk, shape.nodes, shape.gpus_per_node, shape.pp))
            for pk, (shape, proxy, pareto) in cands]
     if cur_key is not None and not any(g.current for g in out):
@@ -192,10 +189,6 @@ def enumerate_grids(snapshot: ClusterSnapshot, estimator: PerfEstimator, **kw) -
     pool_map = pools(snapshot)
     node_map = {n.id: n for n in snapshot.nodes}
     ctx = _context(snapshot, pool_map)
-    if kw.get("all_pp"):
-        return {j.id: drop_dominated(job_grids(j, snapshot, estimator, pool_map=pool_map, node_map=node_map,
-                                               context=ctx, **kw))
-                for j in snapshot.jobs}
     return {j.id: job_grids(j, snapshot, estimator, prune=True, pool_map=pool_map, node_map=node_map, context=ctx, **kw)
             for j in snapshot.jobs}
 

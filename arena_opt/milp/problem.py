@@ -48,16 +48,14 @@ class ClusterProblem:
     deadline_need: np.ndarray  # samples/s a job needs to meet its deadline (0 = none or hopeless)
     deadline_weight: np.ndarray  # per job penalty per unit of missing fraction
     max_reconfigs: int | None
+    guard_need: np.ndarray  # samples/s the makespan guard asks for (0 = not critical, or the guard off)
+    guard_weight: np.ndarray
     waiting_reason: dict[str, str] = field(default_factory=dict)
-    guard_need: np.ndarray | None = None  # samples/s the makespan guard asks for (0 = not critical)
-    guard_weight: np.ndarray | None = None
 
     def soft_targets(self) -> list[tuple[str, np.ndarray, np.ndarray]]:
         """(name, need, weight) of every soft throughput target: penalty weight * missing fraction."""
-        out = [("deadline", self.deadline_need, self.deadline_weight)]
-        if self.guard_need is not None:
-            out.append(("makespan", self.guard_need, self.guard_weight))
-        return out
+        return [("deadline", self.deadline_need, self.deadline_weight),
+                ("makespan", self.guard_need, self.guard_weight)]
 
     def targeted(self) -> np.ndarray:
         return np.logical_or.reduce([need > 0 for _, need, _ in self.soft_targets()])
@@ -187,7 +185,7 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
     pool_map = pools(snapshot)
     gneed, gweight = np.zeros(n), np.zeros(n)
     if opts.makespan_guard and len(flat):
-        total_gpus = sum(p.gpus_per_node * len(p.node_ids) for p in pool_map.values())
+        total_gpus = sum(p.num_gpus for p in pool_map.values())
         crit = critical_jobs(job_of, tput, gpus, rem_samples, best, total_gpus, opts.horizon_s)
         gneed[crit] = best[crit]
         gweight[crit] = opts.makespan_weight * float(base.max()) * weight[crit]

@@ -75,8 +75,7 @@ def restrict(p: ClusterProblem, jobs: np.ndarray, s: int = 0, shards: int = 1) -
         pool_of=[p.pool_of[k] for k in ks], current=p.current[ks], throughput=p.throughput[ks], pools=pools,
         running=take(p.running), preempt_penalty=take(p.preempt_penalty), deadline_need=take(p.deadline_need),
         deadline_weight=take(p.deadline_weight),
-        guard_need=None if p.guard_need is None else take(p.guard_need),
-        guard_weight=None if p.guard_weight is None else take(p.guard_weight),
+        guard_need=take(p.guard_need), guard_weight=take(p.guard_weight),
         max_reconfigs=None if p.max_reconfigs is None else max(0, p.max_reconfigs // shards))
 
 

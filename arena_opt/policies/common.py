@@ -272,6 +272,7 @@ class PackedPolicy(GridPolicy):
     """A grid policy that places jobs itself while it decides (see module doc)."""
 
     name = "packed"
+    colocation = None  # places jobs itself, without the co-location model (est_slowdown stays null)
 
     def __init__(self, estimator: PerfEstimator | None = None, reconfig: ReconfigModel | None = None):
         super().__init__(estimator)

@@ -341,9 +341,8 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     total = len(todo) * len(micro_batches)
     done, t_start = 0, time.perf_counter()
     layers = []
-    by_group: dict[int, list[LayerSample]] = {}
+    by_group: dict[int, list[tuple[LayerSample, float | None]]] = {}  # (sample, its probe time)
     probe = SpeedProbe(device) if speed_probe else None
-    speeds: dict[int, list[float | None]] = {}
     with fake_group(world) as meshes:
         if meshes is None:
             todo = [t for t in todo if t[3] == 1]
@@ -356,8 +355,7 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
             for b in micro_batches:
                 s, p = measure_layer(arch, idx[0], tp, b, shape, integer, dev, warmup, repeats, clock_fn, dp=dp,
                                      mesh=mesh, loss=idx[0] == last, probe=probe)
-                by_group.setdefault(idx[0], []).append(s)
-                speeds.setdefault(idx[0], []).append(p)
+                by_group.setdefault(idx[0], []).append((s, p))
                 done += 1
                 if progress:
                     el = time.perf_counter() - t_start
@@ -367,12 +365,10 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     call_s = optimizer_call_s(dev, clock=clock_fn)
     # the reference speed is the probe's median over the whole profile, each probe taken in the same
     # state (right after layer work) as the probes of a measured run (right after a step)
-    probed = [p for ps in speeds.values() for p in ps if p is not None]
+    probed = [p for got in by_group.values() for _, p in got if p is not None]
     ref_s = statistics.median(probed) if probed else None
     for kind, idx in groups:
-        samples = by_group[idx[0]]
-        if ref_s:
-            samples = [_at_speed(s, ref_s / p) for s, p in zip(samples, speeds[idx[0]])]
+        samples = [_at_speed(s, ref_s / p) if ref_s else s for s, p in by_group[idx[0]]]
         layers.append(LayerProfile(indices=idx, kind=kind, samples=samples))
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine())
     if dev.type == "cpu":

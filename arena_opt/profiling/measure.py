@@ -130,7 +130,7 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=world, timeout=timedelta(seconds=coll_timeout_s))
-    probe = SpeedProbe(device if dev.type == "cpu" else str(dev))
+    probe = SpeedProbe(str(dev))
     results = []
     for case in json.loads(cases_json):
         arch, plan, batch = Arch.model_validate(case["arch"]), Plan.model_validate(case["plan"]), case["batch"]

@@ -223,16 +223,11 @@ class Simulator:
                 if sj.running_state is None or sj.snap_version != sj.version:
                     sj.running_state = RunningState.model_construct(gpu_type=sj.gpu_type, placement=sj.placement,
                                                                     plan=sj.plan, since=sj.since)
-            elif sj.snap_job is not None and sj.snap_version == sj.version:
-                # a waiting job whose state did not change since the last snapshot: only its wait grew
-                jobs.append(_copy(sj.snap_job, {"waited_s": sj.waited + (t - sj.wait_since)}))
-                continue
-            sj.snap_job = _copy(sj.spec, {"remaining_iterations": min(float(sj.total), max(0.0, sj.remaining)),
-                                          "running": sj.running_state if sj.status == RUNNING else None,
-                                          "attained_service_s": sj.gpu_seconds,
-                                          "waited_s": sj.waited + (t - sj.wait_since if sj.status == WAITING else 0.0)})
             sj.snap_version = sj.version
-            jobs.append(sj.snap_job)
+            jobs.append(_copy(sj.spec, {"remaining_iterations": min(float(sj.total), max(0.0, sj.remaining)),
+                                        "running": sj.running_state if sj.status == RUNNING else None,
+                                        "attained_service_s": sj.gpu_seconds,
+                                        "waited_s": sj.waited + (t - sj.wait_since if sj.status == WAITING else 0.0)}))
         snap = ClusterSnapshot.model_construct(version=1, time=t, gpu_catalog=self.cluster.gpu_catalog,
                                                nodes=self.cluster.nodes, jobs=jobs)
         w0, c0 = time.perf_counter(), time.process_time()

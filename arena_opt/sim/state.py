@@ -46,8 +46,7 @@ class SimJob:
     wait_since: float = 0.0  # start of the current waiting spell
     best_throughput: float = 0.0  # samples/s on its fastest grid (truth): the contention-free bound
     reject_reason: str | None = None
-    # snapshot objects reused while nothing they hold changes (see Simulator._tick)
-    snap_job: Job | None = None
+    # the running state object reused while the allocation does not change (see Simulator._tick)
     snap_version: int = -1
     running_state: RunningState | None = None
 
