@@ -77,6 +77,21 @@ def md_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def philly_config(data_arg: str | None):
+    """The simulator setup every Philly bench shares (Arena's trace, cluster and measured table, strict),
+    or None with a message when Arena's data is not found."""
+    from arena_opt.perf.table import default_data_dir
+    from arena_opt.sim.config import RunConfig
+
+    data = Path(data_arg) if data_arg else default_data_dir()
+    if data is None or not (data / "traces" / "simulate_trace_philly.csv").is_file():
+        print("Arena data not found (give --data or set ARENA_OPT_DATA); nothing to run", file=sys.stderr)
+        return None
+    return RunConfig(trace=str(data / "traces" / "simulate_trace_philly.csv"),
+                     cluster=str(data / "cluster_spec_derived.json"), perf_table=str(data / "prof_records.csv"),
+                     table_mode="strict", iter_scale=5, deadline_stretch=5.0, reconfig="artifact", interval_s=300.0)
+
+
 def err_table(per_world: dict, what: str = "err") -> str:
     """Markdown table of `err_stats` per process count: plans, mean and max |what|, median signed."""
     return md_table(["processes", "plans", f"mean |{what}|", f"max |{what}|", "median signed"],

@@ -24,11 +24,10 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:
 sys.path.insert(0, str(_HERE.parent))
 
 import numpy as np  # noqa: E402
-from _perf_common import command, git_rev, machine, md_table, write  # noqa: E402
+from _perf_common import command, git_rev, machine, md_table, philly_config, write  # noqa: E402
 
-from arena_opt.perf.table import default_data_dir  # noqa: E402
 from arena_opt.policies.common import GridCache  # noqa: E402
-from arena_opt.sim.config import RunConfig, load_inputs  # noqa: E402
+from arena_opt.sim.config import load_inputs  # noqa: E402
 
 
 def over_capacity(events: list[tuple[float, int]], cap: int) -> dict:
@@ -51,13 +50,9 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=None, help="Arena data folder (default: $ARENA_OPT_DATA or ../shared/data/arena)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
-    data = Path(args.data) if args.data else default_data_dir()
-    if data is None or not (data / "traces" / "simulate_trace_philly.csv").is_file():
-        print("Arena data not found (give --data or set ARENA_OPT_DATA); nothing to run", file=sys.stderr)
+    cfg = philly_config(args.data)
+    if cfg is None:
         return 2
-    cfg = RunConfig(trace=str(data / "traces" / "simulate_trace_philly.csv"),
-                    cluster=str(data / "cluster_spec_derived.json"), perf_table=str(data / "prof_records.csv"),
-                    table_mode="strict", iter_scale=5, deadline_stretch=5.0, reconfig="artifact")
     trace, cluster, truth, _ = load_inputs(cfg)
     grids = GridCache(truth)  # the simulator's own view of the truth (sim/engine.py, on arrival)
     grids.bind(cluster)

@@ -21,9 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from arena_opt.perf.table import default_data_dir
+from _perf_common import philly_config
 from arena_opt.sim.bench import parse_policies, run_bench
-from arena_opt.sim.config import RunConfig
 from arena_opt.sim.results import markdown_table
 
 # Artifact's own simulator on this setup, 500 rounds (finished jobs, avg JCT of finished jobs in s,
@@ -56,14 +55,10 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=3600.0, help="give up on a policy after this many seconds")
     ap.add_argument("--name", default="simulate", help="stem of the written files (default simulate)")
     args = ap.parse_args(argv)
-    data = Path(args.data) if args.data else default_data_dir()
-    if data is None or not (data / "traces" / "simulate_trace_philly.csv").is_file():
-        print("Arena data not found (give --data or set ARENA_OPT_DATA); nothing to run", file=sys.stderr)
+    base = philly_config(args.data)
+    if base is None:
         return 2
     policies = parse_policies(args.policies)
-    base = RunConfig(trace=str(data / "traces" / "simulate_trace_philly.csv"),
-                     cluster=str(data / "cluster_spec_derived.json"), perf_table=str(data / "prof_records.csv"),
-                     table_mode="strict", iter_scale=5, deadline_stretch=5.0, reconfig="artifact", interval_s=300.0)
     meta = {"command": " ".join(["python", *sys.argv]), "machine": machine(), "config": base.model_dump(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     report: dict = {"meta": meta, "modes": {}}
