@@ -67,6 +67,8 @@ class _LiveJob:
     preemptions: int = 0
     gpu_seconds: float = 0.0
     productive_gpu_seconds: float = 0.0
+    waited: float = 0.0  # seconds waited in finished waiting spells (queued or preempted)
+    wait_since: float | None = None  # start of the current waiting spell; None while it runs
     decided: tuple | None = None  # (gpu_type, placement, plan) the last decision gave it
     est_base_s: float | None = None  # the policy's iteration time for `decided`, without online correction
     est_gpu: str = ""  # GPU type of that estimate
@@ -261,13 +263,22 @@ class LiveLoop:
             if (o.state == "running" and not j.lost and o.plan is not None and o.gpu_type
                     and set(o.placement) <= live_nodes):
                 running = RunningState(gpu_type=o.gpu_type, placement=o.placement, plan=o.plan)
+            # waiting spells as the rounds observe them: aging keeps what a job earned by waiting
+            # once it runs (Job.waited_s), as in the simulator
+            if running is None and j.wait_since is None:
+                j.wait_since = j.submit if j.starts == 0 else t
+            elif running is not None and j.wait_since is not None:
+                j.waited += max(0.0, t - j.wait_since)
+                j.wait_since = None
+            waited = j.waited + (max(0.0, t - j.wait_since) if j.wait_since is not None else 0.0)
             tj = j.trace
             jobs.append(Job(
                 id=jid, model=j.spec.model, batch_size=j.spec.global_batch, total_iterations=j.spec.total_steps,
                 remaining_iterations=remaining, submit_time=j.submit, deadline=j.deadline,
                 weight=tj.weight, allowed_gpu_types=tj.allowed_gpu_types, min_gpus=tj.min_gpus,
                 max_gpus=tj.max_gpus, requested_gpu_type=tj.gpu_type,
-                requested_num_gpus=tj.num_gpus, running=running, attained_service_s=j.gpu_seconds))
+                requested_num_gpus=tj.num_gpus, running=running, attained_service_s=j.gpu_seconds,
+                waited_s=waited))
         return ClusterSnapshot(time=t, gpu_catalog=self.cluster.gpu_catalog, nodes=self.nodes, jobs=jobs)
 
     def _account_decision(self, t: float, decision: Decision, obs: dict[str, ObservedJob]) -> None:

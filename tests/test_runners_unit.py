@@ -215,3 +215,32 @@ def test_pipeline_stages_get_example_tensors_instead_of_shape_inference():
     assert last["input_args"].shape == (4, arch.seq_len, arch.hidden) and last["input_args"].requires_grad
     assert last["output_args"].shape == (4, arch.seq_len, arch.vocab)
     assert _stage_examples(scaled_arch(get_arch("wide_resnet-1B")), (0, 2), x, 2, torch.device("cpu")) is None
+
+
+def test_live_snapshots_carry_the_wait_a_job_earned(tmp_path):
+    # aging must survive a start in the live loop as in the simulator: waiting from submission to the
+    # start, nothing while running, and again from the round that finds it preempted
+    from arena_opt.policies import get_policy
+    from arena_opt.sim.cluster import load_cluster
+    from arena_opt.sim.trace import TraceJob
+    from runners.base import ObservedJob
+    from runners.live import LiveLoop, LiveOptions
+
+    trace = [TraceJob(id="A", submit_time=0, model="gpt-350M", batch_size=64, iterations=200, num_gpus=1,
+                      gpu_type="a10")]
+    loop = LiveLoop(load_cluster("a10:2x1"), trace, DryRunRunner(tmp_path / "runs"), get_policy("fcfs"),
+                    LiveOptions(), tmp_path / "out")
+    loop.jobs["A"].added = True
+    pending = {"A": ObservedJob(job_id="A", state="pending", total_steps=20)}
+    running = {"A": ObservedJob(job_id="A", state="running", step=5, total_steps=20, gpu_type="a10",
+                                placement={"a10-000": [0]}, plan=Plan())}
+
+    def waited(t, obs):
+        return loop._snapshot(t, obs).jobs[0].waited_s
+
+    assert waited(30.0, pending) == 30.0
+    loop.jobs["A"].starts = 1
+    assert waited(40.0, running) == 40.0  # started at the latest here: the wait stops growing
+    assert waited(100.0, running) == 40.0
+    assert waited(110.0, pending) == 40.0  # preempted: a new spell from this round
+    assert waited(150.0, pending) == 80.0
