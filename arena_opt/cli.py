@@ -36,18 +36,9 @@ def _parse_cluster(text: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-def plan_cache_path() -> Path | None:
-    """Plans are cached across runs: $ARENA_OPT_CACHE (a file; empty = off), else ~/.cache/arena-opt/plans.json."""
-    import os
-
-    env = os.environ.get("ARENA_OPT_CACHE")
-    if env is not None:
-        return Path(env) if env else None
-    return Path.home() / ".cache" / "arena-opt" / "plans.json"
-
-
 def _estimator(args):
     from arena_opt.perf.estimator import PerfEstimator
+    from arena_opt.perf.planner import plan_cache_path
     from arena_opt.perf.table import PerfTable
 
     table = PerfTable.load(args.perf_table) if getattr(args, "perf_table", None) else None
@@ -59,6 +50,8 @@ def _estimator(args):
 
 
 def _save_plans(est) -> None:
+    from arena_opt.perf.planner import plan_cache_path
+
     path = plan_cache_path()
     if path is not None:
         try:
@@ -181,9 +174,10 @@ def cmd_gen_instance(args) -> int:
 
 def cmd_models(args) -> int:
     from models.catalog import ARCHITECTURES
+    from models.layers import param_count
 
     for name, a in ARCHITECTURES.items():
-        print(f"{name:20s} {a.family:12s} {a.param_count / 1e9:7.2f}B params")
+        print(f"{name:20s} {a.family:12s} {param_count(a) / 1e9:7.2f}B params")
     return 0
 
 

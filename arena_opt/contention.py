@@ -1,12 +1,12 @@
 """Co-location slowdown of placed jobs: the jobs placement has put on shared links, the slowdown a
-candidate node or rack would predict (`profiling.colocation`, processor sharing), and every placed
+candidate node or rack would predict (`perf.sharing`, processor sharing), and every placed
 job's slowdown factor for its decision."""
 
 from __future__ import annotations
 
 from arena_opt.grids import Grid
 from arena_opt.linkloads import CommShares, JobComm, LinkLoads
-from arena_opt.profiling.colocation import JobLoads, Load, slowdowns
+from arena_opt.perf.sharing import JobLoads, Load, slowdowns
 from arena_opt.snapshot import ClusterSnapshot
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf.estimator import GridShape, PerfEstimator
-from arena_opt.planner import PlanResult
+from arena_opt.perf.planner import PlanResult
 from arena_opt.snapshot import ClusterSnapshot, Job, Node
 
 

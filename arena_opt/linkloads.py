@@ -26,7 +26,7 @@ from arena_opt.perf.analytical import (RATE_NAMES, CostParams, cost_table, intra
                                       rate_vector)
 from arena_opt.perf.compose import evaluate_split, split_stages
 from arena_opt.plan import Plan
-from arena_opt.profiling.colocation import Load
+from arena_opt.perf.sharing import Load
 from models.catalog import Arch
 
 UPLINK_GROUP = "uplink"  # a multi-node job's transfers cross all its racks' uplinks at once

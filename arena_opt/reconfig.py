@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat
 
 from models.catalog import Arch
+from models.layers import param_count
 
 # fp16 weights + fp32 master weights and Adam moments, as a sharded checkpoint holds them
 CKPT_BYTES_PER_PARAM = 2 + 12
@@ -31,7 +32,7 @@ class ReconfigModel(BaseModel):
             return min(self.per_gpu_s * num_gpus, self.cap_s)
         if not resumed:
             return self.restart_s
-        ckpt = arch.param_count * CKPT_BYTES_PER_PARAM
+        ckpt = param_count(arch) * CKPT_BYTES_PER_PARAM
         # save on the old GPUs and load on the new ones, each rank moving its shard
         return self.restart_s + 2 * ckpt / (self.storage_gbs_per_gpu * 1e9 * max(num_gpus, 1))
 

@@ -5,7 +5,7 @@ the same time and share this machine's CPU cores.
 
 For each pair: profile both models, measure each job alone, then both at once (two launches of
 `arena_opt.profiling.measure` started together). Observed slowdown = iteration time together /
-alone. Predicted: `arena_opt.profiling.colocation` with each job's iteration time and per-rank
+alone. Predicted: `arena_opt.perf.sharing` with each job's iteration time and per-rank
 compute time from its profile composition, the other job as co-located load, and the load of
 other tenants of the host measured during each run (runnable tasks that are not ours) as background.
 Writes colocation.json and colocation.md.
@@ -27,10 +27,10 @@ sys.path.insert(0, str(_HERE.parent))
 from _perf_common import command, fmt_pct, git_rev, machine, md_table, write  # noqa: E402
 
 from arena_opt.plan import Plan  # noqa: E402
-from arena_opt.profiling import colocation as co  # noqa: E402
+from arena_opt.perf import sharing as co  # noqa: E402
 from arena_opt.profiling import commbench  # noqa: E402
-from arena_opt.profiling import compose as pc  # noqa: E402
-from arena_opt.profiling import db as pdb  # noqa: E402
+from arena_opt.perf import profile_costs as pc  # noqa: E402
+from arena_opt.perf import profile_db as pdb  # noqa: E402
 from arena_opt.profiling.layers import cpu_cores, profile_model  # noqa: E402
 from arena_opt.profiling.measure import Case, measure  # noqa: E402
 from models.catalog import get_arch  # noqa: E402
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         if arch.name not in profiles:
             profiles[arch.name] = profile_model(arch, micro_batches=(1, 2, 4, 8), tp_degrees=(1,), progress=None)
         if plan.pp > 1:
-            from runners.stages import check_plan
+            from arena_opt.stages import check_plan
 
             plan = plan.model_copy(update={"stages": check_plan(arch, plan)})
         cases[key] = Case(arch, plan, BATCH)

@@ -8,7 +8,7 @@ Per model: profile its layers (`arena_opt.profiling.layers`, one thread, CPU-tim
 samples as the runtime wraps the layer, on a fake process group), benchmark the collectives (wall
 and per-rank CPU time) over 2 and 4 processes once, then run every plan with
 `arena_opt.profiling.measure` (`runners.parallelize`: DDP, FSDP2, DTensor tp, 1F1B pipelining; one
-thread per rank like the profiler) and compare with `arena_opt.profiling.compose.plan_time`
+thread per rank like the profiler) and compare with `arena_opt.perf.profile_costs.plan_time`
 (processor-sharing run of the schedule on this host's cores). Nothing is fitted to the measured
 plans: every term comes from the per-layer profiles and the collective micro-benchmarks. A measured
 plan time is the median step after warm-up; the least disturbed step (minimum) is reported too,
@@ -36,15 +36,15 @@ from _perf_common import command, err_stats, err_table, fmt_pct, git_rev, machin
 
 from arena_opt.plan import Plan
 from arena_opt.profiling import commbench
-from arena_opt.profiling import compose as pc
-from arena_opt.profiling import db as pdb
+from arena_opt.perf import profile_costs as pc
+from arena_opt.perf import profile_db as pdb
 from arena_opt.profiling.layers import cpu_cores, profile_model
 from arena_opt.profiling.measure import Case, measure_each
 from arena_opt.profiling.speed import contention
 from models.catalog import get_arch
 from models.layers import layer_table
 from models.torch_layers import scaled_arch
-from runners.stages import PlanError, check_plan
+from arena_opt.stages import PlanError, check_plan
 
 # sizes where a step takes a fraction of a second to seconds on one core: compute, not Python
 # dispatch, dominates, as on GPUs
@@ -86,7 +86,7 @@ def cpu_work(prof, plan: Plan, comm, topo, scale: float = 1.0) -> float:
     """CPU seconds all ranks of a plan spend per step in the composition (layers, collectives' CPU
     time, optimizer; compute times `scale`): checked against the ranks' measured CPU time, it tells
     compute terms apart from scheduling."""
-    from runners.stages import default_stages
+    from arena_opt.stages import default_stages
 
     p = pc.layer_parts(prof, comm, topo, batch=BATCH, dp=plan.dp, tp=plan.tp, m=plan.num_microbatches,
                        pp=plan.pp, recompute=plan.recompute)
@@ -237,7 +237,7 @@ def render(p: dict) -> str:
            f" ({p['cores']} cores; load average {p['load_avg_start']:.1f} at the start, {p['load_avg_end']:.1f} at "
            f"the end), torch {m.get('torch')}. Global batch {p['batch']}; {p['warmup']} warm-up and {p['steps']} "
            "timed steps per plan.\n",
-           "Estimate (`arena_opt.profiling.compose.plan_time`), every term measured on one process or by a "
+           "Estimate (`arena_opt.perf.profile_costs.plan_time`), every term measured on one process or by a "
            "micro-benchmark, nothing fitted to the plans below: per-layer forward/backward (one thread, CPU-time "
            "clock, fresh inputs per repeat; the last layer with the loss; tp > 1 through the runtime's DTensor "
            "sharding and FSDP2 (dp 2) samples through `fully_shard`, both on a fake process group), optimizer "

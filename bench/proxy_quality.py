@@ -36,7 +36,7 @@ from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, 
 from arena_opt.perf.compose import evaluate_split, split_stages  # noqa: E402
 from arena_opt.perf.estimator import GridShape, PerfEstimator  # noqa: E402
 from arena_opt.perf.table import default_table_path  # noqa: E402
-from arena_opt.planner import tp_degrees  # noqa: E402
+from arena_opt.perf.planner import tp_degrees  # noqa: E402
 from models.catalog import ARCHITECTURES, arena_model_name  # noqa: E402
 
 

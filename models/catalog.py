@@ -3,7 +3,7 @@
 Transformer and MoE sizes follow Alpa's benchmark suites (the models behind
 Arena's measured tables); Wide-ResNet follows Alpa's wide-ResNet suite
 (bottleneck ResNet-50/101 with a channel base and width factor).
-Parameter counts are computed from the shapes (`Arch.param_count`), never typed.
+Parameter counts are computed from the shapes (`models.layers.param_count`), never typed.
 """
 
 from __future__ import annotations
@@ -55,12 +55,6 @@ class Arch(BaseModel):
     @property
     def ffn_size(self) -> int:
         return self.ffn if self.ffn is not None else 4 * self.hidden
-
-    @property
-    def param_count(self) -> int:
-        from models.layers import layer_table
-
-        return int(layer_table(self).params.sum())
 
 
 def _gpt(name: str, family: Family, layers: int, hidden: int, heads: int, vocab: int = 51200,

@@ -114,3 +114,8 @@ def _table(rows: list[tuple]) -> LayerTable:
 @lru_cache(maxsize=None)
 def layer_table(arch: Arch) -> LayerTable:
     return _wide_resnet(arch) if arch.family == "wide_resnet" else _transformer(arch)
+
+
+def param_count(arch: Arch) -> int:
+    """Parameters of the whole model, summed over its layer table."""
+    return int(layer_table(arch).params.sum())

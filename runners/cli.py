@@ -135,8 +135,8 @@ def _dry_run(args, snap) -> int:
 
 
 def _live(args, snap) -> int:
-    from arena_opt.sim.cluster import load_cluster
-    from arena_opt.sim.trace import TraceJob, load_trace
+    from arena_opt.cluster import load_cluster
+    from arena_opt.trace import TraceJob, load_trace
     from runners.live import LiveLoop, LiveOptions
 
     cluster = load_cluster(args.cluster) if args.cluster else snap.model_copy(update={"jobs": []})

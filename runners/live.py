@@ -55,7 +55,7 @@ class LiveOptions(BaseModel):
 
 @dataclass
 class _LiveJob:
-    trace: object  # arena_opt.sim.trace.TraceJob
+    trace: object  # arena_opt.trace.TraceJob
     spec: JobSpec
     submit: float
     deadline: float | None

@@ -25,7 +25,7 @@ from models.catalog import Arch
 from runners.base import JobSpec, JobState, Measurement, ObservedJob, Runner, RunnerError
 from runners.progress import ProgressReader, clear_stop, request_stop
 from runners.spec import TrainSpec, resolve_arch
-from runners.stages import check_plan, scale_plan
+from arena_opt.stages import check_plan, scale_plan
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 

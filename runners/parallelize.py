@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from arena_opt.plan import Plan
 from models.catalog import Arch
 from models.torch_layers import MLP, Embedding, Head, LayerStack, TransformerBlock, layer_kinds, loss_fn
-from runners.stages import PlanError, check_plan
+from arena_opt.stages import PlanError, check_plan
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:

@@ -6,7 +6,7 @@ import pytest
 from arena_opt.gpus import BUILTIN_GPUS
 from arena_opt.milp.stage_split import solve_split
 from arena_opt.perf.compose import LayerCosts, evaluate_split, split_stages
-from arena_opt.planner import Planner
+from arena_opt.perf.planner import Planner
 from models import get_arch
 
 

@@ -8,7 +8,7 @@ from arena_opt.perf.estimator import GridShape, PerfEstimator
 from arena_opt.policies import get_policy
 from arena_opt.policies.common import GridCache, requested_grid
 from arena_opt.reconfig import ReconfigModel
-from arena_opt.sim.cluster import load_cluster
+from arena_opt.cluster import load_cluster
 from arena_opt.snapshot import ClusterSnapshot, Job, RunningState
 
 M = "gpt-350M"

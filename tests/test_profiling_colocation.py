@@ -2,7 +2,7 @@
 
 import pytest
 
-from arena_opt.profiling.colocation import JobLoads, Load, alone_time, cpu_job, iteration_times, slowdowns
+from arena_opt.perf.sharing import JobLoads, Load, alone_time, cpu_job, iteration_times, slowdowns
 
 
 def test_two_always_busy_jobs_on_one_core_each_take_twice_as_long():

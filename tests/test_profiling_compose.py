@@ -10,8 +10,8 @@ from arena_opt.gpus import BUILTIN_GPUS
 from arena_opt.perf.comm import AlphaBeta
 from arena_opt.perf.estimator import GridShape, PerfEstimator
 from arena_opt.plan import Plan
-from arena_opt.profiling.compose import CommModel, Topology, layer_costs, plan_time
-from arena_opt.profiling.db import LayerProfile, LayerSample, ModelProfile, ProfileDB
+from arena_opt.perf.profile_costs import CommModel, Topology, layer_costs, plan_time
+from arena_opt.perf.profile_db import LayerProfile, LayerSample, ModelProfile, ProfileDB
 from models.catalog import Arch
 
 # 4 layers: embed, block, block, head; seq 4, hidden 8 -> one micro-batch of b samples carries
@@ -109,7 +109,7 @@ def test_planner_uses_a_gpu_profile_and_falls_back_without_one():
     gpu = BUILTIN_GPUS["h200"]
     r = est.grid(ARCH, 8, gpu, None, GridShape("h200", 1, 2, 1)).proxy
     assert r is not None
-    from arena_opt.profiling.source import ProfileSource
+    from arena_opt.perf.profile_source import ProfileSource
 
     src = ProfileSource(db)
     lc = src(ARCH, "h200", gpu, src_links(gpu), nodes=1, gpus_per_node=2, batch=8, dp=r.plan.dp, tp=r.plan.tp,
@@ -127,7 +127,7 @@ def test_planner_uses_a_gpu_profile_and_falls_back_without_one():
 
 def test_planner_charges_the_optimizer_call_once_per_stage():
     from arena_opt.perf.compose import evaluate_split
-    from arena_opt.profiling.source import ProfileSource
+    from arena_opt.perf.profile_source import ProfileSource
 
     call = 3 * MS
     db = ProfileDB(models=[fsdp_profile(call).model_copy(update={"device": "cuda", "device_name": "NVIDIA H200"})])
@@ -150,7 +150,7 @@ def src_links(gpu):
 
 def test_profile_transfers_to_another_gpu_by_roofline_loads():
     from arena_opt.perf.analytical import cost_table, roofline_load_s
-    from arena_opt.profiling.source import _FP32, ProfileSource, gpu_type_of
+    from arena_opt.perf.profile_source import _FP32, ProfileSource, gpu_type_of
 
     assert gpu_type_of("NVIDIA H200") == "h200"
     assert gpu_type_of("NVIDIA A100-SXM4-40GB") == "a100-40gb"
@@ -210,7 +210,7 @@ def test_profile_without_fsdp_samples_falls_back_to_the_sharded_optimizer():
 
 
 def _uniform_parts(n_layers, fwd, bwd, tail=0.0, comm_f=0.0):
-    from arena_opt.profiling.compose import LayerParts
+    from arena_opt.perf.profile_costs import LayerParts
 
     z = np.zeros(n_layers)
     return LayerParts(fwd_s=z + fwd, bwd_s=z + bwd, comm_fwd_s=z + comm_f, comm_bwd_s=z.copy(), p2p_s=z.copy(),
@@ -220,7 +220,7 @@ def _uniform_parts(n_layers, fwd, bwd, tail=0.0, comm_f=0.0):
 
 
 def test_processor_sharing_schedule_by_hand():
-    from arena_opt.profiling.compose import ps_schedule
+    from arena_opt.perf.profile_costs import ps_schedule
 
     # 2 stages of one layer each, forward 1 s, backward 2 s, 2 micro-batches, no communication.
     parts = _uniform_parts(2, 1.0, 2.0)
@@ -237,7 +237,7 @@ def test_processor_sharing_schedule_by_hand():
 
 
 def test_plan_time_on_a_shared_host_is_the_processor_sharing_schedule():
-    from arena_opt.profiling.compose import layer_parts, ps_schedule
+    from arena_opt.perf.profile_costs import layer_parts, ps_schedule
 
     plan = Plan(pp=1, dp=4, tp=1, num_microbatches=1)
     topo = Topology(cores=2)
@@ -250,7 +250,7 @@ def test_plan_time_on_a_shared_host_is_the_processor_sharing_schedule():
 
 
 def test_collective_cpu_time_competes_for_cores():
-    from arena_opt.profiling.compose import ps_schedule
+    from arena_opt.perf.profile_costs import ps_schedule
 
     # measured on 2 cores: all-reduce over 4 ranks, wall alpha-beta ALPHA / BW, per-rank CPU 0.5 ms per
     # alpha step and bandwidth 2 GB/s -> at 4 ranks on 2 cores, wall = cpu * 2 + wait
@@ -268,7 +268,7 @@ def test_collective_cpu_time_competes_for_cores():
     greedy = CommModel(comm().fits, {}, {("loopback", "all_reduce", None): (AlphaBeta(alpha_s=1.0, bandwidth_bps=1e9), 2)})
     assert greedy.split("all_reduce", h, 4, "loopback") == pytest.approx((ar(h, 4), ar(h, 4) / 2, 0.0))
     # in the schedule the CPU part is shared with computing ranks, the wait part is not
-    from arena_opt.profiling.compose import LayerParts
+    from arena_opt.perf.profile_costs import LayerParts
 
     z = np.zeros(1)
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from arena_opt.errors import InputError
-from arena_opt.profiling import db as pdb
+from arena_opt.perf import profile_db as pdb
 from test_profiling_compose import profile  # noqa: E402 - tests/ is on sys.path under pytest
 
 
@@ -93,7 +93,7 @@ def test_profiles_without_the_runtime_fields_still_load(tmp_path):
 def test_collective_fits_recover_wall_and_cpu_parameters():
     from arena_opt.perf.comm import AlphaBeta
     from arena_opt.profiling import commbench
-    from arena_opt.profiling.compose import comm_model
+    from arena_opt.perf.profile_costs import comm_model
 
     wall, cpu = AlphaBeta(alpha_s=5e-4, bandwidth_bps=1e9), AlphaBeta(alpha_s=2e-4, bandwidth_bps=2e9)
     points = [{"collective": "all_reduce", "group": g, "bytes": nb, "seconds": float(wall.time("all_reduce", nb, g)),

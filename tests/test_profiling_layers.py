@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from arena_opt.profiling import db as pdb  # noqa: E402
+from arena_opt.perf import profile_db as pdb  # noqa: E402
 from arena_opt.profiling.layers import _at_speed, distinct_layers, profile_model  # noqa: E402
 from arena_opt.profiling.speed import SpeedProbe, contention  # noqa: E402
 from models.catalog import get_arch  # noqa: E402

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from arena_opt.policies import get_policy
-from arena_opt.sim.cluster import load_cluster
-from arena_opt.sim.trace import TraceJob
+from arena_opt.cluster import load_cluster
+from arena_opt.trace import TraceJob
 from runners.live import LiveLoop, LiveOptions
 from runners.local import LocalRunner
 from runners.process import descendants, kill_all, pid_alive

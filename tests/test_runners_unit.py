@@ -22,7 +22,7 @@ from runners.dry_run import DryRunRunner
 from runners.local import LocalRunner
 from runners.progress import ProgressReader, ProgressWriter, request_stop, stop_requested
 from runners.spec import SpecError, TrainSpec, parse_spec
-from runners.stages import PlanError, check_plan, default_stages, scale_plan
+from arena_opt.stages import PlanError, check_plan, default_stages, scale_plan
 from runners.train import parse_args
 
 
@@ -221,8 +221,8 @@ def test_live_snapshots_carry_the_wait_a_job_earned(tmp_path):
     # aging must survive a start in the live loop as in the simulator: waiting from submission to the
     # start, nothing while running, and again from the round that finds it preempted
     from arena_opt.policies import get_policy
-    from arena_opt.sim.cluster import load_cluster
-    from arena_opt.sim.trace import TraceJob
+    from arena_opt.cluster import load_cluster
+    from arena_opt.trace import TraceJob
     from runners.base import ObservedJob
     from runners.live import LiveLoop, LiveOptions
 

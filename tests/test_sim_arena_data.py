@@ -4,7 +4,9 @@ import pytest
 
 from arena_opt.grids import compact_shape
 
-from arena_opt.sim import SimOptions, load_cluster, load_trace, simulate
+from arena_opt.cluster import load_cluster
+from arena_opt.sim import SimOptions, simulate
+from arena_opt.trace import load_trace
 from arena_opt.sim.metrics import compute
 from arena_opt.sim.run import make_estimators
 

@@ -10,7 +10,9 @@ from arena_opt.perf.table import PerfTable
 from arena_opt.policies.base import GridPolicy
 from arena_opt.policies.fcfs import FCFSPolicy
 from arena_opt.reconfig import ReconfigModel
-from arena_opt.sim import SimOptions, SimulationError, Simulator, TraceJob, load_cluster
+from arena_opt.cluster import load_cluster
+from arena_opt.sim import SimOptions, SimulationError, Simulator
+from arena_opt.trace import TraceJob
 from arena_opt.sim.metrics import compute
 from arena_opt.sim.perf import NoisyEstimator
 

@@ -6,7 +6,8 @@ import pytest
 
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.policies import REGISTRY
-from arena_opt.sim import SimOptions, load_cluster, simulate
+from arena_opt.cluster import load_cluster
+from arena_opt.sim import SimOptions, simulate
 from arena_opt.sim.gen import GenOptions, generate
 from arena_opt.sim.metrics import Timeline, compute
 

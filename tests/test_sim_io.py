@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 
 from arena_opt.cli import main
+from arena_opt.cluster import load_cluster
 from arena_opt.errors import InputError
 from arena_opt.grids import compact_shape
 from arena_opt.perf.estimator import PerfEstimator
-from arena_opt.sim import load_cluster, load_trace
 from arena_opt.sim.gen import GenOptions, generate
-from arena_opt.sim.trace import write_trace
+from arena_opt.trace import load_trace, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_TRACE = ROOT / "instances" / "traces" / "philly-like-small.jsonl"

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from arena_opt.profiling.compose import _tp_collectives  # noqa: E402
+from arena_opt.perf.profile_costs import _tp_collectives  # noqa: E402
 from arena_opt.profiling.layers import fake_group  # noqa: E402
 from models.catalog import get_arch  # noqa: E402
 from models.layers import layer_table  # noqa: E402

@@ -32,7 +32,7 @@ from arena_opt.perf.analytical import (GIB, CostParams, cost_table, intra_link_k
 from arena_opt.perf.compose import evaluate_split, split_stages
 from arena_opt.perf.table import PerfTable
 from arena_opt.plan import Plan
-from arena_opt.planner import microbatch_counts, tp_degrees
+from arena_opt.perf.planner import microbatch_counts, tp_degrees
 from models.catalog import ARCHITECTURES, Arch
 
 # (low, high) of every fitted parameter; values are fitted in log space

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf.analytical import CostParams
 from arena_opt.perf.table import PerfTable
-from arena_opt.planner import GridPlans, Planner, PlanResult
+from arena_opt.perf.planner import GridPlans, Planner, PlanResult
 from models.catalog import Arch
 
 
@@ -31,13 +31,13 @@ class PerfEstimator:
 
     def __init__(self, params: CostParams | None = None, table: PerfTable | None = None,
                  table_mode: str = "override", profiles=None):
-        """`profiles`: an `arena_opt.profiling.db.ProfileDB`; models profiled on a GPU are planned from
+        """`profiles`: an `arena_opt.perf.profile_db.ProfileDB`; models profiled on a GPU are planned from
         their measured layers, everything else from the analytical model."""
         if table_mode not in ("override", "strict", "off"):
             raise ValueError(f"table_mode must be override, strict or off, not {table_mode!r}")
         source = None
         if profiles is not None:
-            from arena_opt.profiling.source import ProfileSource
+            from arena_opt.perf.profile_source import ProfileSource
 
             source = ProfileSource(profiles)
         self.planner = Planner(params, layer_source=source)

@@ -51,7 +51,7 @@ def register(subparsers) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from arena_opt.profiling import db as pdb
+    from arena_opt.perf import profile_db as pdb
 
     if not args.comm_only and not args.model:
         raise InputError("--model is required (or --comm-only)")

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from arena_opt.perf.comm import COLLECTIVES, fit_alpha_beta
-from arena_opt.profiling.db import CommFit
+from arena_opt.perf.profile_db import CommFit
 from arena_opt.profiling.measure import free_port, launch
 
 DEFAULT_SIZES = tuple(4 ** k * 1024 for k in range(0, 8))  # 1 KiB .. 16 MiB

@@ -38,7 +38,7 @@ import time
 from datetime import datetime, timezone
 from typing import Callable
 
-from arena_opt.profiling.db import LayerProfile, LayerSample, ModelProfile
+from arena_opt.perf.profile_db import LayerProfile, LayerSample, ModelProfile
 from arena_opt.profiling.speed import SpeedProbe
 from models.catalog import Arch
 from models.layers import layer_table

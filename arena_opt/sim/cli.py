@@ -126,9 +126,9 @@ def _summary(con, results: list[dict]) -> None:
 
 
 def cmd_gen_trace(args) -> int:
-    from arena_opt.sim.cluster import describe, load_cluster
+    from arena_opt.cluster import describe, load_cluster
     from arena_opt.sim.gen import DEFAULT_MODELS, GenOptions, generate
-    from arena_opt.sim.trace import write_trace
+    from arena_opt.trace import write_trace
 
     if not 0 < args.load:
         raise InputError(f"--load must be > 0, got {args.load}")

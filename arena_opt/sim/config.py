@@ -10,11 +10,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from arena_opt.errors import InputError
-from arena_opt.sim.cluster import load_cluster
+from arena_opt.cluster import load_cluster
 from arena_opt.sim.engine import SimOptions
 from arena_opt.sim.results import result_dict
 from arena_opt.sim.run import make_estimators, simulate
-from arena_opt.sim.trace import load_trace
+from arena_opt.trace import load_trace
 
 
 class RunConfig(BaseModel):
@@ -85,7 +85,7 @@ def warm_plan_cache(cfg: RunConfig, path: str | Path) -> float:
 
 def user_plan_cache() -> Path | None:
     """The lead's on-disk plan cache ($ARENA_OPT_CACHE, else ~/.cache/arena-opt/plans.json)."""
-    from arena_opt.cli import plan_cache_path
+    from arena_opt.perf.planner import plan_cache_path
 
     return plan_cache_path()
 

@@ -29,7 +29,7 @@ from arena_opt.policies.base import Policy
 from arena_opt.policies.common import GridCache, requested_grid
 from arena_opt.reconfig import PRESETS, ReconfigModel
 from arena_opt.sim.state import DONE, FUTURE, REJECTED, RUNNING, WAITING, SimJob
-from arena_opt.sim.trace import TraceJob
+from arena_opt.trace import TraceJob
 from arena_opt.snapshot import ClusterSnapshot, RunningState
 
 # event kinds; at equal times completions free GPUs first, then reconfigurations end, then arrivals

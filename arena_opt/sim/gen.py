@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 from arena_opt.errors import InputError
 from arena_opt.grids import compact_shape
 from arena_opt.perf.estimator import PerfEstimator
-from arena_opt.sim.trace import TraceJob
+from arena_opt.trace import TraceJob
 from arena_opt.snapshot import ClusterSnapshot
 from models.catalog import ARCHITECTURES
 

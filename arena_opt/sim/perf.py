@@ -9,7 +9,7 @@ from arena_opt.errors import InputError
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf.estimator import GridShape, PerfEstimator, _scaled
 from arena_opt.perf.table import PerfTable
-from arena_opt.planner import GridPlans
+from arena_opt.perf.planner import GridPlans
 from models.catalog import Arch
 
 

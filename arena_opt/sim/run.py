@@ -12,7 +12,7 @@ from arena_opt.policies.base import Policy
 from arena_opt.reconfig import PRESETS, ReconfigModel
 from arena_opt.sim.engine import SimOptions, SimResult, Simulator
 from arena_opt.sim.perf import NoisyEstimator, make_truth
-from arena_opt.sim.trace import TraceJob
+from arena_opt.trace import TraceJob
 from arena_opt.snapshot import ClusterSnapshot
 
 # `--reconfig artifact`: Arena's artifact charges its own system 10 s/GPU (cap 40 s) and every

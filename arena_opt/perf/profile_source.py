@@ -20,8 +20,8 @@ from arena_opt.gpus import BUILTIN_GPUS, GpuSpec
 from arena_opt.perf.analytical import Links, cost_table, intra_link_kind, roofline_load_s
 from arena_opt.perf.comm import AlphaBeta, LINK_DEFAULTS
 from arena_opt.perf.compose import LayerCosts
-from arena_opt.profiling.compose import CommModel, Topology, layer_costs
-from arena_opt.profiling.db import ModelProfile, ProfileDB
+from arena_opt.perf.profile_costs import CommModel, Topology, layer_costs
+from arena_opt.perf.profile_db import ModelProfile, ProfileDB
 from models.catalog import Arch
 
 

@@ -26,7 +26,7 @@ fixed per-call cost (`optim_call_s`) once instead of once per layer.
 
 Processes that outnumber the host's cores share them. `layer_costs` scales compute by
 (world + background) / cores when above 1, where background is the co-located load in cores (the
-`colocation` module computes it for jobs that share a host or a link); `plan_time` on a host with
+`perf.sharing` module computes it for jobs that share a host or a link); `plan_time` on a host with
 `cores` set instead runs the plan's 1F1B schedule as a processor-sharing simulation (`ps_schedule`):
 every rank that computes at an instant gets min(1, cores / (computing ranks + background)) of a core,
 ranks waiting on a collective, a transfer or a pipeline dependency use none. Without pipelining this
@@ -44,7 +44,7 @@ from arena_opt.errors import InputError
 from arena_opt.perf.comm import AlphaBeta, default_alpha_beta
 from arena_opt.perf.compose import LayerCosts, StageSplit, evaluate_split, split_stages
 from arena_opt.plan import Plan
-from arena_opt.profiling.db import LayerSample, ModelProfile, ProfileDB
+from arena_opt.perf.profile_db import LayerSample, ModelProfile, ProfileDB
 
 BYTES_PER_PARAM_FP32_ADAM = 4 + 4 + 8  # weights, gradients, Adam m and v
 DDP_BUCKET_BYTES = 25 * 2 ** 20
@@ -357,7 +357,7 @@ def plan_time(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, topo:
     """Iteration time of a plan with its stages (or the runners' default stages when it has none).
     On a host with `topo.cores` set the time is the processor-sharing run of the schedule
     (`ps_schedule`); stage times and memory come from the closed form either way."""
-    from runners.stages import default_stages
+    from arena_opt.stages import default_stages
 
     parts, lc = _plan_costs(prof, plan, batch, comm, topo, semantics, compute_scale)
     stages = list(plan.stages) or default_stages(prof.arch, plan.pp)
@@ -397,8 +397,8 @@ def _timed(res: StageSplit, parts: LayerParts, prof: ModelProfile, plan: Plan, t
 
 def compute_seconds(prof: ModelProfile, plan: Plan, batch: int) -> float:
     """Seconds the busiest rank computes per iteration (forward, backward, recomputation, optimizer),
-    without waiting or communication: its busy time on the device, for `colocation`."""
-    from runners.stages import default_stages
+    without waiting or communication: its busy time on the device, for `perf.sharing`."""
+    from arena_opt.stages import default_stages
 
     b = batch / (plan.dp * plan.num_microbatches)
     layers = prof.layer_of()

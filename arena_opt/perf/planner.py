@@ -66,14 +66,26 @@ def microbatch_counts(per_replica_batch: int, pp: int) -> list[int]:
     return out
 
 
+def plan_cache_path() -> Path | None:
+    """Plans are cached across runs: $ARENA_OPT_CACHE (a file; empty = off), else ~/.cache/arena-opt/plans.json."""
+    import os
+    from pathlib import Path
+
+    env = os.environ.get("ARENA_OPT_CACHE")
+    if env is not None:
+        return Path(env) if env else None
+    return Path.home() / ".cache" / "arena-opt" / "plans.json"
+
+
 def _code_version() -> str:
     """Hash of the sources a plan depends on: a cached plan from other code is never reused."""
     import hashlib
     from pathlib import Path
 
-    here = Path(__file__).resolve().parent
-    files = [here / "planner.py", here / "perf" / "analytical.py", here / "perf" / "compose.py",
-             here.parent / "models" / "layers.py", here.parent / "models" / "catalog.py"]
+    here = Path(__file__).resolve().parent  # arena_opt/perf
+    root = here.parent.parent
+    files = [here / "planner.py", here / "analytical.py", here / "compose.py",
+             root / "models" / "layers.py", root / "models" / "catalog.py"]
     h = hashlib.sha1()
     for f in files:
         h.update(f.read_bytes() if f.is_file() else b"")
@@ -83,7 +95,7 @@ def _code_version() -> str:
 class Planner:
     def __init__(self, params: CostParams | None = None, layer_source=None):
         self.params = params or CostParams()
-        # optional callable (arena_opt.profiling.source.ProfileSource) giving measured LayerCosts;
+        # optional callable (arena_opt.perf.profile_source.ProfileSource) giving measured LayerCosts;
         # it returns None where it has no profile and the analytical model is used
         self.layer_source = layer_source
         self._cache: dict[tuple, GridPlans] = {}
