@@ -274,3 +274,70 @@ def test_aging_follows_a_job_that_starts():
 
     # 2 h of waiting before it started: worth 1 + 0.25 * 2 times as much while it runs
     assert current_value(job.model_copy(update={"waited_s": 7200.0})) == pytest.approx(1.5 * current_value(job))
+
+
+def shared_nodes(seed: int, cap: int | None = 1):
+    """Running jobs that share nodes (node_capacity rows), one alone on a node, a deadline and waiting jobs."""
+    from arena_opt.plan import Plan
+    from arena_opt.snapshot import ClusterSnapshot, Job, Node, RunningState
+
+    rng = np.random.default_rng(seed)
+    nodes = [Node(id=f"n{i}", gpu_type="a100", num_gpus=4) for i in range(2)] + [Node(id="m0", gpu_type="a40", num_gpus=2)]
+    held = {"r0": ("n0", [0]), "r1": ("n0", [1, 2]), "r2": ("n1", [0, 1]), "r3": ("m0", [0]), "r4": ("m0", [1])}
+    jobs = []
+    for jid, (nid, gs) in held.items():
+        total = int(rng.integers(200, 2000))
+        jobs.append(Job(id=jid, model=TINY_MODELS[int(rng.integers(len(TINY_MODELS)))], batch_size=64,
+                        total_iterations=total, remaining_iterations=float(total // 2), min_gpus=1, max_gpus=2,
+                        running=RunningState(gpu_type="a40" if nid == "m0" else "a100", placement={nid: gs},
+                                             plan=Plan(dp=len(gs)))))
+    jobs.append(Job(id="w0", model="bert-760M", batch_size=64, total_iterations=500, remaining_iterations=500,
+                    min_gpus=2, max_gpus=4, submit_time=0.0, deadline=3600.0 * float(rng.uniform(0.5, 4))))
+    snap = ClusterSnapshot(nodes=nodes, jobs=jobs, time=600.0)
+    return snap, ArenaOptions(max_gpus_per_job=4, mip_gap=0.0, max_reconfigs_per_round=cap)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_milp_optimum_equals_brute_force_on_shared_nodes(seed):
+    snap, opts = shared_nodes(seed, cap=[None, 1, 2][seed])
+    p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), opts)
+    assert any(len(u) > 1 for pi in p.pools.values() for u in pi.occupied.values())
+    best = max((p.objective(s) for s in all_selections(p) if p.feasible(s)))
+    for backend in ("pyomo", "highspy"):
+        res = solve_problem(p, time_limit_s=30, mip_gap=0.0, threads=1, backend=backend)
+        assert res.selection is not None and p.feasible(res.selection)
+        assert res.objective == pytest.approx(best, rel=1e-6, abs=1e-6)
+
+
+def test_constraint_families_named_alike_in_both_emissions():
+    """Every family is one named Pyomo Constraint and one named row range of the highspy arrays,
+    with the same rows (same coefficients on the same named variables, same bounds)."""
+    from pyomo.repn import generate_standard_repn
+
+    from arena_opt.milp.linear import to_highs, to_pyomo
+    from arena_opt.milp.model import level1_model
+
+    snap, opts = shared_nodes(0)
+    opts = opts.model_copy(update={"makespan_weight": 1.0})
+    p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), opts)
+    p.guard_need[0] = p.throughput[p.grids_of(0)].max()  # one makespan-guard row, whatever the instance
+    p.guard_weight[0] = 1.0
+    lm = level1_model(p)
+    want = {"one_grid_per_job", "node_capacity", "pool_packing", "deadline", "makespan_guard", "reconfiguration_cap"}
+    assert {f.name for f in lm.families} == want and all(f.num_rows for f in lm.families)
+    m, lp = to_pyomo(lm), to_highs(lm, names=True)
+    ranges = lm.row_ranges()
+    assert sum(len(r) for r in ranges.values()) == lp.num_row_ == len(lp.row_names_)
+    a = lp.a_matrix_
+    cols = list(lp.col_names_)
+    for f in lm.families:
+        con = getattr(m, f.name)
+        assert con.ctype.__name__ == "Constraint" and len(con) == f.num_rows == len(ranges[f.name])
+        for r, c in zip(ranges[f.name], con.values()):
+            assert lp.row_names_[r] == c.name
+            repn = generate_standard_repn(c.body)
+            py = {v.name: coef for v, coef in zip(repn.linear_vars, repn.linear_coefs)}
+            hs = {cols[i]: v for i, v in zip(a.index_[a.start_[r]:a.start_[r + 1]], a.value_[a.start_[r]:a.start_[r + 1]])}
+            assert py == hs
+            assert (c.lower if c.has_lb() else -np.inf) == lp.row_lower_[r]
+            assert (c.upper if c.has_ub() else np.inf) == lp.row_upper_[r]

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arena_opt.milp.model import LinearModel, level1_rows, model_constant, selection_from, to_pyomo
+from arena_opt.milp.linear import LinearModel, pyomo_values, to_highs, to_pyomo
+from arena_opt.milp.model import level1_model, model_constant, selection_from
 from arena_opt.milp.problem import ClusterProblem
 
 _THREADS: int | None = None  # HiGHS fixes its thread pool per process at the first solve
@@ -52,51 +53,86 @@ def solve_problem(p: ClusterProblem, *, time_limit_s: float, mip_gap: float, thr
                   backend: str = "pyomo", start: dict[int, int] | None = None) -> SolveResult:
     """`start`: a feasible selection (job -> grid) handed to HiGHS as its first incumbent (highspy
     backend only): the search then prunes against it from the root."""
-    threads = solver_threads(threads)
     if not p.grids:
         return SolveResult({}, "empty", p.objective({}), p.objective({}), 0.0, 0.0, 0.0)
     t0 = time.perf_counter()
-    # Pyomo allocates many small objects; cyclic GC passes over them cost more than the build itself
-    gc_was = gc.isenabled()
-    gc.disable()
-    try:
-        lm = level1_rows(p)
-        if backend == "highspy":
-            t1 = time.perf_counter()
-            status, values, obj_model, bound_model = _solve_highspy(lm, time_limit_s, mip_gap, threads, start)
-        elif backend == "pyomo":
-            status, values, obj_model, bound_model, t1 = _solve_pyomo(lm, time_limit_s, mip_gap, threads)
-        else:
-            raise ValueError(f"backend must be pyomo or highspy, not {backend!r}")
-        t2 = time.perf_counter()
-    finally:
-        if gc_was:
-            gc.enable()
+    with _no_gc():
+        lm = level1_model(p)
+    t_model = time.perf_counter() - t0
+    start_x = None
+    if start is not None:
+        # only the grid binaries are given; HiGHS completes the integer and slack columns itself
+        start_x = np.zeros(len(p.grids))
+        start_x[list(start.values())] = 1.0
+    res = solve_linear(lm, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, backend=backend,
+                       start=start_x)
     const = model_constant(p)
     sel = obj = bound = gap = None
-    if values is not None:
-        sel = selection_from(values, p)
+    if res.x is not None:
+        sel = selection_from(res.x, p)
         obj = p.objective(sel)
-    if bound_model is not None and math.isfinite(bound_model):
-        bound = bound_model + const
+    if res.bound is not None:
+        bound = res.bound + const
     if obj is not None and bound is not None:
         gap = abs(bound - obj) / max(abs(obj), 1e-9)
-    return SolveResult(sel, status, obj, bound, gap, t1 - t0, t2 - t1)
+    return SolveResult(sel, res.status, obj, bound, gap, t_model + res.build_s, res.solve_s)
 
 
-def _solve_pyomo(lm: LinearModel, time_limit_s: float, mip_gap: float, threads: int):
-    from pyomo.contrib.solver.solvers.highs import Highs
+@dataclass
+class LinearResult:
+    status: str  # optimal, time_limit, infeasible, ... (or the solver's own word)
+    x: np.ndarray | None  # column values; None: the solver has no incumbent
+    objective: float | None  # of the model as stated
+    bound: float | None
+    build_s: float  # emission (Pyomo model or highspy arrays)
+    solve_s: float
 
-    m = to_pyomo(lm)
-    t1 = time.perf_counter()
-    res = Highs().solve(m, time_limit=time_limit_s, rel_gap=mip_gap, threads=threads, tee=False,
-                        load_solutions=False, raise_exception_on_nonoptimal_result=False)
-    status = _PYOMO_STATUS.get(res.termination_condition.name, res.termination_condition.name)
-    values = None
-    if res.incumbent_objective is not None:
-        res.solution_loader.load_vars()
-        values = [m.v[k].value for k in range(lm.num_grids)]
-    return status, values, res.incumbent_objective, res.objective_bound, t1
+
+def solve_linear(lm: LinearModel, *, time_limit_s: float, mip_gap: float, threads: int, backend: str = "highspy",
+                 start: np.ndarray | None = None) -> LinearResult:
+    """Solve a LinearModel with HiGHS, through Pyomo or as highspy arrays: the one solve path of the
+    level-1 MILP and of the baselines' 0/1 programs. `start`: values of the first len(start) columns
+    as a first incumbent (highspy only)."""
+    if backend not in ("pyomo", "highspy"):
+        raise ValueError(f"backend must be pyomo or highspy, not {backend!r}")
+    threads = solver_threads(threads)
+    t0 = time.perf_counter()
+    with _no_gc():
+        if backend == "pyomo":
+            from pyomo.contrib.solver.solvers.highs import Highs
+
+            m = to_pyomo(lm)
+            t1 = time.perf_counter()
+            res = Highs().solve(m, time_limit=time_limit_s, rel_gap=mip_gap, threads=threads, tee=False,
+                                load_solutions=False, raise_exception_on_nonoptimal_result=False)
+            status = _PYOMO_STATUS.get(res.termination_condition.name, res.termination_condition.name)
+            x = obj = None
+            if res.incumbent_objective is not None:
+                res.solution_loader.load_vars()
+                x, obj = pyomo_values(m, lm), float(res.incumbent_objective)
+            bound = res.objective_bound
+        else:
+            lp = to_highs(lm)
+            t1 = time.perf_counter()
+            word, info, x = run_highs(lp, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, start=start)
+            status = _HIGHS_STATUS.get(word, word)
+            obj = float(info.objective_function_value) if x is not None else None
+            bound = info.mip_dual_bound
+        t2 = time.perf_counter()
+    bound = float(bound) if bound is not None and math.isfinite(bound) else None
+    return LinearResult(status, x, obj, bound, t1 - t0, t2 - t1)
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """Pyomo allocates many small objects; cyclic GC passes over them cost more than the build itself."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @contextlib.contextmanager
@@ -125,44 +161,6 @@ def _highs():
             _HIGHS = highspy.Highs()
         _HIGHS.setOptionValue("output_flag", False)
     return _HIGHS
-
-
-def _solve_highspy(lm: LinearModel, time_limit_s: float, mip_gap: float, threads: int,
-                   start: dict[int, int] | None = None):
-    import highspy
-
-    n = len(lm.kinds)
-    lp = highspy.HighsLp()
-    lp.num_col_ = n
-    lp.num_row_ = len(lm.rows)
-    lp.sense_ = highspy.ObjSense.kMaximize
-    lp.col_cost_ = np.asarray(lm.obj, dtype=float)
-    lp.col_lower_ = np.zeros(n)
-    lp.col_upper_ = np.array([1.0 if k == "B" else highspy.kHighsInf for k in lm.kinds])
-    inf = highspy.kHighsInf
-    lp.row_lower_ = np.array([-inf if v == -np.inf else v for v in lm.row_lo], dtype=float)
-    lp.row_upper_ = np.array([inf if v == np.inf else v for v in lm.row_hi], dtype=float)
-    starts = np.zeros(len(lm.rows) + 1, dtype=np.int32)
-    starts[1:] = np.cumsum([len(idx) for idx, _ in lm.rows])
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.num_col_ = n
-    lp.a_matrix_.num_row_ = len(lm.rows)
-    lp.a_matrix_.start_ = starts
-    lp.a_matrix_.index_ = np.fromiter((i for idx, _ in lm.rows for i in idx), dtype=np.int32, count=int(starts[-1]))
-    lp.a_matrix_.value_ = np.fromiter((v for _, vals in lm.rows for v in vals), dtype=float, count=int(starts[-1]))
-    lp.integrality_ = [highspy.HighsVarType.kContinuous if k == "C" else highspy.HighsVarType.kInteger
-                       for k in lm.kinds]
-    start_x = None
-    if start is not None:
-        # only the grid binaries are given; HiGHS completes the integer and slack columns itself
-        start_x = np.zeros(lm.num_grids)
-        start_x[list(start.values())] = 1.0
-    word, info, col_value = run_highs(lp, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads,
-                                      start=start_x)
-    status = _HIGHS_STATUS.get(word, word)
-    values = list(col_value[: lm.num_grids]) if col_value is not None else None
-    obj = info.objective_function_value if col_value is not None else None
-    return status, values, obj, info.mip_dual_bound
 
 
 def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: np.ndarray | None = None):
