@@ -126,21 +126,53 @@ def critical_jobs(job_of: np.ndarray, tput: np.ndarray, gpus: np.ndarray, rem_sa
 
 def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts: ArenaOptions) -> ClusterProblem:
     jobs = snapshot.jobs
-    jidx = {j.id: i for i, j in enumerate(jobs)}
-    flat: list[Grid] = [g for j in jobs for g in grids.get(j.id, [])]
-    n = len(jobs)
-    job_of = np.array([jidx[g.job_id] for g in flat], dtype=int)
-    tput = np.array([g.throughput for g in flat], dtype=float)
-    gpus = np.array([g.num_gpus for g in flat], dtype=float)
-    current = np.array([g.current for g in flat], dtype=bool)
-    running = np.array([j.running is not None for j in jobs], dtype=bool)
-
-    # per-job reference: best throughput over its grids; remaining time at that speed
-    best = np.zeros(n)
-    if len(flat):
-        np.maximum.at(best, job_of, tput)
+    g = _GridArrays.of(jobs, grids)
     rem_samples = np.array([j.remaining_iterations * j.batch_size for j in jobs], dtype=float)
-    rem_time = np.where(best > 0, rem_samples / np.maximum(best, 1e-12), np.inf)
+    base = job_priority(snapshot, g, rem_samples, opts)
+    value = grid_values(jobs, g, base, opts)
+    need, dweight = deadline_targets(snapshot, g, rem_samples, base, opts)
+    pool_map = pools(snapshot)
+    gneed, gweight = makespan_targets(jobs, g, rem_samples, base, pool_map, opts)
+    pinfo = pool_occupancy(snapshot, pool_map)
+    units = np.array([x.node_units(pinfo[x.pool].gpus_per_node) for x in g.flat], dtype=int)
+    reasons = {j.id: "no grid fits: the model does not fit in memory on any allowed GPU type and count"
+               for j in jobs if not grids.get(j.id)}
+    return ClusterProblem(
+        job_ids=[j.id for j in jobs], grids=g.flat, job_of=g.job_of, value=value, units=units,
+        pool_of=[x.pool for x in g.flat], current=g.current, throughput=g.tput, pools=pinfo,
+        running=np.array([j.running is not None for j in jobs], dtype=bool),
+        preempt_penalty=preemption_penalty(jobs, g, value, opts), deadline_need=need, deadline_weight=dweight,
+        max_reconfigs=opts.max_reconfigs_per_round, waiting_reason=reasons, guard_need=gneed, guard_weight=gweight)
+
+
+@dataclass
+class _GridArrays:
+    """Every job's grids in one flat list, with the per-grid arrays the parts below read."""
+
+    flat: list[Grid]
+    job_of: np.ndarray
+    tput: np.ndarray
+    gpus: np.ndarray
+    current: np.ndarray
+    best: np.ndarray  # per job: its fastest grid's throughput (0 without grids)
+
+    @classmethod
+    def of(cls, jobs, grids: dict[str, list[Grid]]) -> _GridArrays:
+        jidx = {j.id: i for i, j in enumerate(jobs)}
+        flat = [g for j in jobs for g in grids.get(j.id, [])]
+        job_of = np.array([jidx[g.job_id] for g in flat], dtype=int)
+        tput = np.array([g.throughput for g in flat], dtype=float)
+        best = np.zeros(len(jobs))
+        if len(flat):
+            np.maximum.at(best, job_of, tput)
+        return cls(flat, job_of, tput, np.array([g.num_gpus for g in flat], dtype=float),
+                   np.array([g.current for g in flat], dtype=bool), best)
+
+
+def job_priority(snapshot: ClusterSnapshot, g: _GridArrays, rem_samples: np.ndarray, opts: ArenaOptions) -> np.ndarray:
+    """Per job: weight x SJF factor (median remaining time over its own, at its best speed) x aging."""
+    jobs = snapshot.jobs
+    rem_time = np.where(g.best > 0, rem_samples / np.maximum(g.best, 1e-12), np.inf)
     finite = rem_time[np.isfinite(rem_time) & (rem_time > 0)]
     med = float(np.median(finite)) if len(finite) else 1.0
     sjf = np.clip(med / np.maximum(rem_time, 1e-9), 1.0 / opts.sjf_clip, opts.sjf_clip) ** opts.sjf_exponent
@@ -150,64 +182,77 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
                           0.0 if j.running else max(0.0, snapshot.time - j.submit_time)) / 3600 for j in jobs])
     aging = 1 + np.minimum(opts.aging_per_hour * waited_h, opts.max_aging)
     weight = np.array([j.weight for j in jobs])
-    base = weight * sjf * aging
+    return weight * sjf * aging
 
-    norm = tput / np.maximum(best[job_of], 1e-12)
-    value = base[job_of] * norm
-    restart = np.zeros(len(flat))
-    for k, g in enumerate(flat):
-        job = jobs[job_of[k]]
-        if g.current:
+
+def grid_values(jobs, g: _GridArrays, base: np.ndarray, opts: ArenaOptions) -> np.ndarray:
+    """Per grid: its job's priority x its speed relative to the job's best, less the share of the round a
+    restart onto it loses, less a per-GPU tie-breaker."""
+    value = base[g.job_of] * (g.tput / np.maximum(g.best[g.job_of], 1e-12))
+    restart = np.zeros(len(g.flat))
+    for k, x in enumerate(g.flat):
+        if x.current:
             continue
-        restart[k] = opts.reconfig.delay_s(job.arch, g.num_gpus, resumed=job.total_iterations > job.remaining_iterations)
+        job = jobs[g.job_of[k]]
+        restart[k] = opts.reconfig.delay_s(job.arch, x.num_gpus, resumed=job.total_iterations > job.remaining_iterations)
     value -= value * np.minimum(1.0, restart / opts.horizon_s)
-    value -= opts.gpu_epsilon * base[job_of] * gpus / opts.max_gpus_per_job
+    value -= opts.gpu_epsilon * base[g.job_of] * g.gpus / opts.max_gpus_per_job
+    return value
 
-    preempt = np.zeros(n)
-    for k in np.flatnonzero(current):
-        j = job_of[k]
-        # a preempted job loses its current value for the round plus a restart later
-        preempt[j] = max(0.0, value[k]) * min(1.0, opts.reconfig.delay_s(jobs[j].arch, int(gpus[k]), resumed=True)
+
+def preemption_penalty(jobs, g: _GridArrays, value: np.ndarray, opts: ArenaOptions) -> np.ndarray:
+    """Per running job: paid when it gets no grid (its current value for the round plus a restart later)."""
+    preempt = np.zeros(len(jobs))
+    for k in np.flatnonzero(g.current):
+        j = g.job_of[k]
+        preempt[j] = max(0.0, value[k]) * min(1.0, opts.reconfig.delay_s(jobs[j].arch, int(g.gpus[k]), resumed=True)
                                               / opts.horizon_s)
+    return preempt
 
-    need = np.zeros(n)
-    dweight = np.zeros(n)
-    for i, j in enumerate(jobs):
-        if j.deadline is None or best[i] <= 0:
+
+def deadline_targets(snapshot: ClusterSnapshot, g: _GridArrays, rem_samples: np.ndarray, base: np.ndarray,
+                     opts: ArenaOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Per job: the throughput its deadline needs and the weight of missing it; only deadlines that some
+    grid can still meet are enforced (0 otherwise)."""
+    n = len(snapshot.jobs)
+    need, weight = np.zeros(n), np.zeros(n)
+    for i, j in enumerate(snapshot.jobs):
+        if j.deadline is None or g.best[i] <= 0:
             continue
         left = j.deadline - snapshot.time
         req = rem_samples[i] / left if left > 0 else np.inf
-        if req <= best[i]:  # only deadlines that some grid can still meet are enforced
+        if req <= g.best[i]:
             need[i] = req
             # scaled by the largest job value so that a reachable deadline outweighs any one job's value
-            dweight[i] = opts.deadline_weight * float(base.max()) * j.weight
+            weight[i] = opts.deadline_weight * float(base.max()) * j.weight
+    return need, weight
 
-    pool_map = pools(snapshot)
-    gneed, gweight = np.zeros(n), np.zeros(n)
-    if opts.makespan_guard and len(flat):
+
+def makespan_targets(jobs, g: _GridArrays, rem_samples: np.ndarray, base: np.ndarray, pool_map: dict,
+                     opts: ArenaOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Per job: the makespan guard's need (its fastest grid's throughput, for `critical_jobs`) and weight."""
+    n = len(jobs)
+    need, weight = np.zeros(n), np.zeros(n)
+    if opts.makespan_guard and len(g.flat):
         total_gpus = sum(p.num_gpus for p in pool_map.values())
-        crit = critical_jobs(job_of, tput, gpus, rem_samples, best, total_gpus, opts.horizon_s)
-        gneed[crit] = best[crit]
-        gweight[crit] = opts.makespan_weight * float(base.max()) * weight[crit]
+        crit = critical_jobs(g.job_of, g.tput, g.gpus, rem_samples, g.best, total_gpus, opts.horizon_s)
+        need[crit] = g.best[crit]
+        weight[crit] = opts.makespan_weight * float(base.max()) * np.array([j.weight for j in jobs])[crit]
+    return need, weight
 
+
+def pool_occupancy(snapshot: ClusterSnapshot, pool_map: dict) -> dict[tuple, PoolInfo]:
+    """Per pool: its nodes no running job occupies, and per occupied node the running jobs' GPUs there."""
     pinfo: dict[tuple, PoolInfo] = {}
     node_pool = {}
     for key, p in pool_map.items():
         pinfo[key] = PoolInfo(key, p.gpus_per_node, 0, {}, _thresholds(p.gpus_per_node))
         for nid in p.node_ids:
             node_pool[nid] = key
-    for i, j in enumerate(jobs):
+    for i, j in enumerate(snapshot.jobs):
         if j.running:
             for nid, gs in j.running.placement.items():
                 pinfo[node_pool[nid]].occupied.setdefault(nid, []).append((i, len(gs)))
     for key, p in pool_map.items():
         pinfo[key].empty_nodes = sum(1 for nid in p.node_ids if nid not in pinfo[key].occupied)
-
-    units = np.array([g.node_units(pinfo[g.pool].gpus_per_node) for g in flat], dtype=int)
-    reasons = {j.id: "no grid fits: the model does not fit in memory on any allowed GPU type and count"
-               for j in jobs if not grids.get(j.id)}
-    return ClusterProblem(
-        job_ids=[j.id for j in jobs], grids=flat, job_of=job_of, value=value, units=units,
-        pool_of=[g.pool for g in flat], current=current, throughput=tput, pools=pinfo, running=running,
-        preempt_penalty=preempt, deadline_need=need, deadline_weight=dweight,
-        max_reconfigs=opts.max_reconfigs_per_round, waiting_reason=reasons, guard_need=gneed, guard_weight=gweight)
+    return pinfo

@@ -42,7 +42,7 @@ import numpy as np
 
 from arena_opt.errors import InputError
 from arena_opt.perf.comm import AlphaBeta, default_alpha_beta
-from arena_opt.perf.compose import LayerCosts, StageSplit, evaluate_split, split_stages
+from arena_opt.perf.compose import LayerCosts, StageSplit, evaluate_split
 from arena_opt.plan import Plan
 from arena_opt.perf.profile_db import LayerSample, ModelProfile, ProfileDB
 
@@ -362,19 +362,6 @@ def plan_time(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, topo:
     parts, lc = _plan_costs(prof, plan, batch, comm, topo, semantics, compute_scale)
     stages = list(plan.stages) or default_stages(prof.arch, plan.pp)
     return _timed(evaluate_split(lc, stages, plan.num_microbatches), parts, prof, plan, topo, compute_scale)
-
-
-def best_split(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, topo: Topology, mem_cap_bytes: float,
-               semantics: RuntimeSemantics = RuntimeSemantics(), compute_scale: np.ndarray | float = 1.0
-               ) -> StageSplit | None:
-    """The fastest memory-feasible stage split of a plan's (pp, dp, tp, m) from the profile."""
-    parts, lc = _plan_costs(prof, plan, batch, comm, topo, semantics, compute_scale)
-    if plan.pp == 1:
-        res = evaluate_split(lc, [(0, lc.num_layers)], plan.num_microbatches)
-        res = res if res.mem_bytes[0] <= mem_cap_bytes else None
-    else:
-        res = split_stages(lc, plan.pp, plan.num_microbatches, mem_cap_bytes)
-    return None if res is None else _timed(res, parts, prof, plan, topo, compute_scale)
 
 
 def _plan_costs(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, topo: Topology,
