@@ -60,36 +60,18 @@ def _save_plans(est) -> None:
             pass  # a read-only home only costs the next run its warm start
 
 
-def _colocation(args):
-    from arena_opt.linkloads import ColocationOptions
-
-    if args.no_colocation:
-        return None
-    if not args.uplink_oversubscription > 0:
-        raise InputError(f"--uplink-oversubscription must be > 0 (value {args.uplink_oversubscription})")
-    return ColocationOptions(uplink_oversubscription=args.uplink_oversubscription)
-
-
 def cmd_solve(args) -> int:
     from arena_opt.feasibility import check_decision
     from arena_opt.io import load_model, write_model
-    from arena_opt.policies import get_policy
+    from arena_opt.policies import make_policy
+    from arena_opt.policies.flags import given_options, options_for
     from arena_opt.report import print_decision
     from arena_opt.snapshot import ClusterSnapshot
 
     snap = load_model(args.snapshot, ClusterSnapshot)
+    options = options_for(args.policy, given_options(args))
     est = _estimator(args)
-    kw = {"estimator": est}
-    if args.policy == "arena":
-        from arena_opt.milp.options import ArenaOptions
-
-        opts = {"time_limit_s": args.time_limit, "mip_gap": args.gap, "shards": args.shards, "threads": args.threads}
-        if args.max_reconfigs is not None:
-            opts["max_reconfigs_per_round"] = args.max_reconfigs
-        kw["options"] = ArenaOptions(**opts)
-    policy = get_policy(args.policy, **kw)
-    if getattr(policy, "colocation", None) is not None:  # the policies that place through the model
-        policy.colocation = _colocation(args)
+    policy = make_policy(args.policy, options, estimator=est)
     decision = policy.decide(snap)
     _save_plans(est)
     check_decision(snap, decision)
@@ -182,6 +164,8 @@ def cmd_models(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from arena_opt.policies.flags import add_policy_args
+
     ap = argparse.ArgumentParser(prog="arena-opt", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -189,19 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("snapshot", help="snapshot JSON (see `arena-opt schema snapshot`)")
     s.add_argument("-o", "--output", help="write the decision JSON here")
     s.add_argument("--policy", default="arena", help="arena (default), fcfs, gavel, sia, elasticflow, arena-greedy")
-    s.add_argument("--time-limit", type=float, default=10.0, help="solver time limit, s (default 10)")
-    s.add_argument("--gap", type=float, default=0.01, help="relative MIP gap (default 0.01)")
-    s.add_argument("--shards", type=int, default=1, help="split level 1 into N shards (default 1)")
-    s.add_argument("--threads", type=int, default=1, help="HiGHS threads (default 1)")
-    s.add_argument("--max-reconfigs", type=int, help="cap on running jobs changed per round")
     s.add_argument("--perf-table", help="measured table (prof_records.csv layout)")
     s.add_argument("--table-mode", default="override", choices=["override", "strict", "off"])
     s.add_argument("--json", action="store_true", help="print the decision as JSON instead of a table")
-    s.add_argument("--uplink-oversubscription", type=float, default=1.0,
-                   help="rack nodes' network bandwidth over the rack uplink's (default 1, non-blocking); above 1 "
-                        "placement keeps cross-rack jobs off shared uplinks and decisions predict their slowdown")
-    s.add_argument("--no-colocation", action="store_true",
-                   help="no co-location model: placement ignores other jobs' traffic, est_slowdown is null")
+    add_policy_args(s)
     s.set_defaults(func=cmd_solve)
 
     p = sub.add_parser("plan", help="grids, proxy plans and Pareto plans of one job")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
 
@@ -64,6 +64,9 @@ class Decision(BaseModel):
     policy: str
     jobs: list[JobDecision]
     stats: SolverStats = Field(default_factory=SolverStats)
+    policy_options: dict[str, Any] | None = Field(
+        None, description="the options the policy decided with (its options model as JSON: "
+                          "make_policy(policy, policy_options) configures the same policy); None = not recorded")
 
     def by_job(self) -> dict[str, JobDecision]:
         return {j.job_id: j for j in self.jobs}

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from arena_opt.errors import InputError
+from arena_opt.policies.flags import add_policy_args
 
 
 def register(subparsers) -> None:
@@ -45,10 +46,10 @@ def register(subparsers) -> None:
                    help="node leaves the cluster at that wall second (fault drill; repeatable)")
     r.add_argument("--agents", help="agents backend: NODE=HOST:PORT,... (one agent per node)")
     r.add_argument("--node-addr", help="dry-run: NODE=HOST,... rendezvous host of each node (default: the node id)")
-    r.add_argument("--time-limit", type=float, default=10.0, help="arena policy: solver time limit, s")
     r.add_argument("--restart-s", type=float, default=20.0,
                    help="live: seconds a (re)start costs, for the policy's penalty (default 20, measured on "
                         "2 CPU cores by bench/runners.py)")
+    add_policy_args(r)
     r.set_defaults(func=cmd_run)
 
 
@@ -64,29 +65,24 @@ def _pairs(text: str | None, opt: str) -> dict[str, str]:
     return out
 
 
-def _policy(name: str, time_limit: float, live: tuple[float, float, bool] | None = None):
-    """`live`: (scheduling interval, measured restart seconds, models scaled) of a live run; the policy's
-    horizon and restart penalty then follow the run instead of a GPU cluster's defaults."""
-    from arena_opt.policies import get_policy
-
-    kw: dict = {}
-    if name == "arena":
-        from arena_opt.milp.options import ArenaOptions
-        from arena_opt.reconfig import ReconfigModel
-
-        opts: dict = {"time_limit_s": time_limit, "threads": 1}
-        if live is not None:
-            interval, restart, scaled = live
-            # the MILP values a restart of R s as a loss of R/horizon of a round: with the horizon at a
-            # CPU interval (seconds) below the restart time nothing would ever be worth starting
-            opts["horizon_s"] = max(interval, 4 * restart)
+def live_options(policy: str, interval: float, restart_s: float, scaled: bool) -> dict:
+    """A live run's option overrides (plain data; the command line's flags go on top): the arena policy's
+    horizon and restart penalty follow the run instead of a GPU cluster's defaults."""
+    if policy != "arena":
+        return {}
+    # the MILP values a restart of R s as a loss of R/horizon of a round: with the horizon at a
+    # CPU interval (seconds) below the restart time nothing would ever be worth starting
+    return {"horizon_s": max(interval, 4 * restart_s),
             # a scaled model's checkpoint is a few MB: only the process restart costs time
-            opts["reconfig"] = ReconfigModel(restart_s=restart, **({"storage_gbs_per_gpu": 1e3} if scaled else {}))
-        kw["options"] = ArenaOptions(**opts)
-    try:
-        return get_policy(name, **kw)
-    except KeyError as e:
-        raise InputError(f"--policy: {e.args[0]}") from None
+            "reconfig": {"restart_s": restart_s, **({"storage_gbs_per_gpu": 1e3} if scaled else {})}}
+
+
+def _policy(args, preset: dict | None = None):
+    from arena_opt.policies import check_name, make_policy
+    from arena_opt.policies.flags import given_options, options_for
+
+    check_name(args.policy, "--policy: ")
+    return make_policy(args.policy, {**(preset or {}), **options_for(args.policy, given_options(args))})
 
 
 def _live_scale(model_size: str | None):
@@ -128,7 +124,7 @@ def _dry_run(args, snap) -> int:
                           ckpt_interval=args.ckpt_interval, device=args.device)
     for spec, running in jobs_from_snapshot(snap, Scale() if args.model_size == "scaled" else None):
         runner.add_job(spec, running)
-    decision = _policy(args.policy, args.time_limit).decide(snap)
+    decision = _policy(args).decide(snap)
     check_decision(snap, decision)
     runner.apply(decision)
     return 0
@@ -175,7 +171,7 @@ def _live(args, snap) -> int:
         from runners.local import LocalRunner
 
         runner = LocalRunner(Path(args.workdir).resolve(), **kw)
-    policy = _policy(args.policy, args.time_limit, (args.interval, args.restart_s, opts.scale is not None))
+    policy = _policy(args, live_options(args.policy, args.interval, args.restart_s, opts.scale is not None))
     loop = LiveLoop(cluster, trace, runner, policy, opts, args.out,
                     log=lambda s: print(s, flush=True))
 

@@ -26,8 +26,8 @@ class Fixed(GridPolicy):
     name = "fixed"
 
     def __init__(self, chosen, colocation=ColocationOptions()):
-        super().__init__(EST)
-        self.chosen, self.colocation = chosen, colocation
+        super().__init__({"colocation": colocation}, EST)
+        self.chosen = chosen
 
     def choose(self, snapshot):
         return dict(self.chosen), {}, SolverStats()

@@ -5,7 +5,7 @@ import pytest
 from arena_opt.feasibility import check_decision
 from arena_opt.grids import compact_shape
 from arena_opt.perf.estimator import GridShape, PerfEstimator
-from arena_opt.policies import get_policy
+from arena_opt.policies import make_policy
 from arena_opt.policies.common import GridCache, requested_grid
 from arena_opt.reconfig import ReconfigModel
 from arena_opt.cluster import load_cluster
@@ -38,7 +38,7 @@ def snap(cluster, jobs, t=0.0):
 
 
 def decide(name, s, est, **kw):
-    d = get_policy(name, estimator=est, **kw).decide(s)
+    d = make_policy(name, kw, estimator=est).decide(s)
     check_decision(s, d)
     return d.by_job()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from arena_opt.policies import get_policy
+from arena_opt.policies import make_policy
 from arena_opt.cluster import load_cluster
 from arena_opt.trace import TraceJob
 from runners.live import LiveLoop, LiveOptions
@@ -32,8 +32,8 @@ def _arena_policy():
     from arena_opt.reconfig import ReconfigModel
 
     # horizon 4 x the restart time, as `arena-opt run` sets it (a shorter one makes no start worth it)
-    return get_policy("arena", options=ArenaOptions(time_limit_s=5, threads=1, horizon_s=60.0,
-                                                    reconfig=ReconfigModel(restart_s=15, storage_gbs_per_gpu=1e3)))
+    return make_policy("arena", ArenaOptions(time_limit_s=5, threads=1, horizon_s=60.0,
+                                             reconfig=ReconfigModel(restart_s=15, storage_gbs_per_gpu=1e3)))
 
 
 def test_live_loop_replans_jobs_of_a_lost_node_and_measures(tmp_path):

@@ -220,7 +220,7 @@ def test_pipeline_stages_get_example_tensors_instead_of_shape_inference():
 def test_live_snapshots_carry_the_wait_a_job_earned(tmp_path):
     # aging must survive a start in the live loop as in the simulator: waiting from submission to the
     # start, nothing while running, and again from the round that finds it preempted
-    from arena_opt.policies import get_policy
+    from arena_opt.policies import make_policy
     from arena_opt.cluster import load_cluster
     from arena_opt.trace import TraceJob
     from runners.base import ObservedJob
@@ -228,7 +228,7 @@ def test_live_snapshots_carry_the_wait_a_job_earned(tmp_path):
 
     trace = [TraceJob(id="A", submit_time=0, model="gpt-350M", batch_size=64, iterations=200, num_gpus=1,
                       gpu_type="a10")]
-    loop = LiveLoop(load_cluster("a10:2x1"), trace, DryRunRunner(tmp_path / "runs"), get_policy("fcfs"),
+    loop = LiveLoop(load_cluster("a10:2x1"), trace, DryRunRunner(tmp_path / "runs"), make_policy("fcfs"),
                     LiveOptions(), tmp_path / "out")
     loop.jobs["A"].added = True
     pending = {"A": ObservedJob(job_id="A", state="pending", total_steps=20)}

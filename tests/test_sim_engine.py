@@ -43,7 +43,7 @@ def by_id(res):
 
 def test_fcfs_completion_times_exact(truth, node4):
     trace = [job("A", 0, 1000, 4), job("B", 10, 100, 2), job("C", 20, 200, 2)]
-    res = Simulator(node4, trace, FCFSPolicy(truth), truth=truth, options=SimOptions()).run()
+    res = Simulator(node4, trace, FCFSPolicy(estimator=truth), truth=truth, options=SimOptions()).run()
     r = by_id(res)
     restart = ReconfigModel().restart_s  # a fresh start pays the restart constant only
     # A starts at the first tick (t=0) on all 4 GPUs
@@ -78,7 +78,7 @@ class Scripted(GridPolicy):
 def test_reconfiguration_costs_time_and_progress_is_never_revalued(truth, node4):
     per_gpu = ReconfigModel(mode="per_gpu", per_gpu_s=10, cap_s=40)
     opts = SimOptions(reconfig=per_gpu, replan="every-tick")
-    res = Simulator(node4, [job("A", 0, 1000, 2)], Scripted(truth), truth=truth, options=opts).run()
+    res = Simulator(node4, [job("A", 0, 1000, 2)], Scripted(estimator=truth), truth=truth, options=opts).run()
     a = by_id(res)["A"]
     # t=0: start on 2 GPUs, 20 s restart; t=300: 280 s of progress at 1.5 s/iter is kept as is,
     # then 40 s of restart on 4 GPUs and the rest at 1.0 s/iter
@@ -93,7 +93,7 @@ def test_reconfiguration_costs_time_and_progress_is_never_revalued(truth, node4)
 def test_checkpoint_reconfiguration_uses_the_model(truth, node4):
     model = ReconfigModel()  # checkpoint: restart + save/load of the sharded checkpoint
     opts = SimOptions(reconfig=model, replan="every-tick")
-    res = Simulator(node4, [job("A", 0, 1000, 2)], Scripted(truth), truth=truth, options=opts).run()
+    res = Simulator(node4, [job("A", 0, 1000, 2)], Scripted(estimator=truth), truth=truth, options=opts).run()
     a = by_id(res)["A"]
     arch = TraceJob(id="x", submit_time=0, model=MODEL, batch_size=BATCH, iterations=1).to_job().arch
     d0 = model.delay_s(arch, 2, resumed=False)
@@ -105,7 +105,7 @@ def test_checkpoint_reconfiguration_uses_the_model(truth, node4):
 
 def test_horizon_stops_after_n_rounds(truth, node4):
     trace = [job("A", 0, 1000, 4), job("B", 10, 100, 2)]
-    res = Simulator(node4, trace, FCFSPolicy(truth), truth=truth, options=SimOptions(rounds=2)).run()
+    res = Simulator(node4, trace, FCFSPolicy(estimator=truth), truth=truth, options=SimOptions(rounds=2)).run()
     assert res.end == 600
     r = by_id(res)
     assert r["A"]["status"] == "running" and r["A"]["remaining"] == pytest.approx(1000 - (600 - 30) / TIMES[4])
@@ -117,8 +117,8 @@ def test_horizon_stops_after_n_rounds(truth, node4):
 def test_noise_changes_what_the_policy_sees_not_the_truth(truth, node4):
     noisy = NoisyEstimator(truth, 0.2, seed=3)
     trace = [job("A", 0, 1000, 4), job("B", 10, 100, 2), job("C", 20, 200, 2)]
-    plain = Simulator(node4, trace, FCFSPolicy(truth), truth=truth).run()
-    perturbed = Simulator(node4, trace, FCFSPolicy(noisy), truth=truth).run()
+    plain = Simulator(node4, trace, FCFSPolicy(estimator=truth), truth=truth).run()
+    perturbed = Simulator(node4, trace, FCFSPolicy(estimator=noisy), truth=truth).run()
     assert [j["finish"] for j in plain.jobs] == [j["finish"] for j in perturbed.jobs]  # FCFS ignores speeds
     arch = trace[0].to_job().arch
     spec = node4.catalog["a100-40gb"]
@@ -153,7 +153,7 @@ class DoubleBooker(GridPolicy):
 def test_infeasible_decision_is_an_error(truth, node4):
     trace = [job("A", 0, 100, 2), job("B", 0, 100, 2)]
     with pytest.raises(SimulationError, match="infeasible decision.*given to"):
-        Simulator(node4, trace, DoubleBooker(truth), truth=truth).run()
+        Simulator(node4, trace, DoubleBooker(estimator=truth), truth=truth).run()
 
 
 class Restarter(GridPolicy):
@@ -176,14 +176,14 @@ class Restarter(GridPolicy):
 
 def test_keep_that_moves_the_job_is_an_error(truth, node4):
     with pytest.raises(SimulationError, match="'keep' but the allocation differs"):
-        Simulator(node4, [job("A", 0, 1000, 2)], Restarter(truth), truth=truth,
+        Simulator(node4, [job("A", 0, 1000, 2)], Restarter(estimator=truth), truth=truth,
                   options=SimOptions(replan="every-tick")).run()
 
 
 def test_job_without_feasible_grid_is_rejected(truth, node4):
     # the table only has gpt-350M at batch 128: strict mode makes batch 256 infeasible everywhere
     trace = [job("A", 0, 100, 2), TraceJob(id="X", submit_time=5, model=MODEL, batch_size=256, iterations=10)]
-    res = Simulator(node4, trace, FCFSPolicy(truth), truth=truth).run()
+    res = Simulator(node4, trace, FCFSPolicy(estimator=truth), truth=truth).run()
     r = by_id(res)
     assert r["X"]["status"] == "rejected" and "no feasible grid" in r["X"]["reject_reason"]
     assert r["A"]["status"] == "done"
@@ -195,4 +195,4 @@ def test_grid_the_truth_cannot_run_is_an_error(node4):
     truth = PerfEstimator(table=PerfTable({(MODEL, BATCH, "a100-40gb", 1, 4): 1.0}), table_mode="strict")
     estimate = PerfEstimator(table_mode="off")
     with pytest.raises(SimulationError, match="infeasible in the performance truth"):
-        Simulator(node4, [job("A", 0, 100, 2)], FCFSPolicy(estimate), truth=truth).run()
+        Simulator(node4, [job("A", 0, 100, 2)], FCFSPolicy(estimator=estimate), truth=truth).run()

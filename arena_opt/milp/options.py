@@ -1,17 +1,55 @@
-"""Options of the arena policy: objective weights and solver discipline, each with its default's reason."""
+"""Options of the policies: the fields every policy shares, those of the policies that solve a program,
+and the arena policy's objective weights and solver discipline, each with its default's reason.
+(The baselines' own models are in arena_opt/policies/options.py.)"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+                      field_validator)
 
+from arena_opt.linkloads import ColocationOptions
 from arena_opt.reconfig import PRESETS, ReconfigModel
 
 
-class ArenaOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PolicyOptions(BaseModel):
+    """What every policy is configured with. Frozen: a policy is configured by its constructor only."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reconfig: ReconfigModel = Field(
+        default_factory=lambda: PRESETS["checkpoint"].model_copy(),
+        description="what a (re)start costs on this cluster (a model, or a preset name: "
+                    + ", ".join(PRESETS) + "); checkpoint: restart plus a sharded checkpoint save and load, "
+                    "the cost of an elastic restart on real hardware")
+    colocation: ColocationOptions | None = Field(
+        default_factory=ColocationOptions,
+        description="co-location slowdown model of placement and of the decision's estimates (None: off, "
+                    "est_slowdown null). On by default: jobs that share a PCIe fabric or a rack uplink do slow "
+                    "each other. Policies that place through common.Packing do not use it yet")
+
+    @field_validator("reconfig", mode="before")
+    @classmethod
+    def _preset(cls, v):
+        if isinstance(v, str):
+            if v not in PRESETS:
+                raise ValueError(f"unknown reconfiguration preset {v!r}; known: {', '.join(PRESETS)}")
+            return PRESETS[v].model_copy()
+        return v
+
+
+class SolverOptions(PolicyOptions):
+    """Solver discipline of the policies that solve a program every round: always a time limit and a gap."""
+
+    time_limit_s: PositiveFloat = Field(
+        10.0, description="wall-clock limit of one round's solve, s: a decision well inside a 300 s round")
+    mip_gap: NonNegativeFloat = Field(
+        1e-4, description="relative gap at which HiGHS stops; 1e-4 is HiGHS's own default, cheap for the "
+                          "baselines' small programs (one binary per job and GPU type)")
+
+
+class ArenaOptions(SolverOptions):
     # --- objective -------------------------------------------------------------------------
     sjf_exponent: NonNegativeFloat = Field(
         1.0, description="value of a job scales with (median remaining time / its remaining time)^this; "
@@ -25,7 +63,6 @@ class ArenaOptions(BaseModel):
     horizon_s: PositiveFloat = Field(
         300.0, description="planning horizon (the scheduling interval): a restart of R seconds loses "
                            "R/horizon of the job's value this round")
-    reconfig: ReconfigModel = Field(default_factory=lambda: PRESETS["checkpoint"].model_copy())
     deadline_weight: NonNegativeFloat = Field(
         10.0, description="penalty per unit of missing fraction of the throughput a deadline needs, in units "
                          "of the most valuable job's value (x the job's weight)")
@@ -41,13 +78,14 @@ class ArenaOptions(BaseModel):
         1e-3, description="per-GPU tie-breaker: of two grids with equal value, take the smaller")
     max_reconfigs_per_round: NonNegativeInt | None = Field(
         None, description="cap on running jobs reshaped, migrated or preempted in one round")
-    max_gpus_per_job: PositiveInt = 16
+    max_gpus_per_job: PositiveInt = Field(
+        16, description="largest GPU count offered to a job that does not set its own max_gpus (Job.max_gpus): "
+                        "the largest grid the baselines' caches enumerate too")
     candidate_factor: PositiveFloat | None = Field(
         2.0, description="waiting jobs enter the MILP in order of value per GPU until their smallest grids "
                          "add up to this many times the cluster's GPUs (running jobs and jobs with a "
                          "deadline or makespan target always enter); the rest wait this round. None = every job enters")
-    # --- solver ----------------------------------------------------------------------------
-    time_limit_s: PositiveFloat = 10.0
+    # --- solver (time_limit_s as in SolverOptions) ------------------------------------------
     mip_gap: NonNegativeFloat = Field(0.01, description="relative gap; 1e-2 is 5-7x faster than 1e-3 "
                                                         "at 1,000 jobs for 0.6% objective (shared/MEASURED.md)")
     threads: PositiveInt = Field(1, description="HiGHS threads; fixed per process after the first solve")
@@ -55,4 +93,5 @@ class ArenaOptions(BaseModel):
     backend: Literal["pyomo", "highspy"] = Field(
         "pyomo", description="pyomo: the model is built and solved through Pyomo; highspy: the same rows go to "
                              "HiGHS as arrays (less overhead per round, for long simulations)")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the random tie-breaks when jobs are split into shards: "
+                                     "fixed, so that a round decides the same every time")

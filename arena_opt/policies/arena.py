@@ -13,9 +13,7 @@ from arena_opt.milp.options import ArenaOptions
 from arena_opt.milp.problem import ClusterProblem, build_problem
 from arena_opt.milp.shards import merge, restrict, split
 from arena_opt.milp.solve import SolveResult, solve_problem
-from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.policies.base import GridPolicy
-from arena_opt.reconfig import ReconfigModel
 from arena_opt.snapshot import ClusterSnapshot
 
 
@@ -44,13 +42,8 @@ def candidates(p: ClusterProblem, factor: float | None) -> np.ndarray | None:
 
 class ArenaPolicy(GridPolicy):
     name = "arena"
-
-    def __init__(self, options: ArenaOptions | dict | None = None, estimator: PerfEstimator | None = None,
-                 reconfig: ReconfigModel | None = None):
-        super().__init__(estimator)
-        self.options = options if isinstance(options, ArenaOptions) else ArenaOptions(**(options or {}))
-        if reconfig is not None:  # the restart model of the cluster it runs on (e.g. a simulator preset)
-            self.options = self.options.model_copy(update={"reconfig": reconfig})
+    Options = ArenaOptions
+    options: ArenaOptions
 
     def problem(self, snapshot: ClusterSnapshot) -> ClusterProblem:
         grids = enumerate_grids(snapshot, self.estimator, max_gpus_default=self.options.max_gpus_per_job)

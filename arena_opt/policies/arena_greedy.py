@@ -25,15 +25,18 @@ from itertools import combinations
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
 from arena_opt.policies.common import PackedPolicy, Packing, Placement, fifo
+from arena_opt.policies.options import ArenaGreedyOptions
 
 
 class ArenaGreedyPolicy(PackedPolicy):
     name = "arena-greedy"
+    Options = ArenaGreedyOptions
+    options: ArenaGreedyOptions
 
-    def __init__(self, estimator=None, reconfig=None, depth: int = 2, breadth: int = 8, max_upgrades: int = 10,
-                 max_searches: int = 16):
-        super().__init__(estimator, reconfig)
-        self.depth, self.breadth, self.max_upgrades, self.max_searches = depth, breadth, max_upgrades, max_searches
+    def __init__(self, options: ArenaGreedyOptions | dict | None = None, estimator=None):
+        super().__init__(options, estimator)
+        o = self.options
+        self.depth, self.breadth, self.max_upgrades, self.max_searches = o.depth, o.breadth, o.max_upgrades, o.max_searches
 
     def plan(self, snapshot):
         pack, alloc, held = self.start_state(snapshot)

@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from typing import ClassVar
 
 from arena_opt.contention import Contention
 from arena_opt.decision import Decision, JobDecision, SolverStats
 from arena_opt.grids import Grid
-from arena_opt.linkloads import ColocationOptions, CommShares, LinkLoads
+from arena_opt.linkloads import CommShares, LinkLoads
+from arena_opt.milp.options import PolicyOptions
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.placement import place, rack_map
 from arena_opt.snapshot import ClusterSnapshot, Job
 
 
 class Policy(ABC):
-    """`decide(snapshot) -> Decision` is all a caller (CLI, simulator, runner loop, user code) needs."""
+    """`decide(snapshot) -> Decision` is all a caller (CLI, simulator, runner loop, user code) needs.
+    Configured by its constructor only: `options` (an `Options` model, or a dict validated into one;
+    pydantic's ValidationError names the field and value) and the estimator it decides on."""
 
-    name: str = "policy"
+    name: ClassVar[str] = "policy"
+    Options: ClassVar[type[PolicyOptions]] = PolicyOptions
 
-    def __init__(self, estimator: PerfEstimator | None = None):
+    def __init__(self, options: PolicyOptions | dict | None = None, estimator: PerfEstimator | None = None):
+        self.options = self.Options.model_validate({} if options is None else options)
         self.estimator = estimator or PerfEstimator()
+        self._options_json = self.options.model_dump(mode="json")  # what every Decision records
 
     @abstractmethod
     def decide(self, snapshot: ClusterSnapshot) -> Decision: ...
@@ -28,9 +35,11 @@ class Policy(ABC):
 
 class GridPolicy(Policy):
     """A policy that picks at most one grid per job; placement and the Decision are shared.
-    `colocation`: the co-location slowdown model placement and the decision's estimates use (None: off)."""
+    `options.colocation`: the co-location slowdown model placement and the decision's estimates use (None: off)."""
 
-    colocation: ColocationOptions | None = ColocationOptions()
+    def __init__(self, options: PolicyOptions | dict | None = None, estimator: PerfEstimator | None = None):
+        super().__init__(options, estimator)
+        self._comm_shares: CommShares | None = None  # plans' link shares, kept across rounds
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
         t0 = time.perf_counter()
@@ -39,17 +48,18 @@ class GridPolicy(Policy):
         placements = place(snapshot, chosen, contention)
         slow = None if contention is None else contention.slowdowns()
         stats.total_s = time.perf_counter() - t0
-        return build_decision(snapshot, self.name, chosen, placements, reasons, stats, slow)
+        return build_decision(snapshot, self.name, chosen, placements, reasons, stats, slow, self._options_json)
 
     def contention(self, snapshot: ClusterSnapshot) -> Contention | None:
-        if self.colocation is None:
+        colocation = self.options.colocation
+        if colocation is None:
             return None
         est = self.estimator
-        shares = getattr(self, "_comm_shares", None)
-        if shares is None or shares.params is not est.params:  # plans' link shares, kept across rounds
+        shares = self._comm_shares
+        if shares is None or shares.params is not est.params:
             shares = self._comm_shares = CommShares(est.params)
         links = LinkLoads({n.id: n for n in snapshot.nodes}, rack_map(snapshot), snapshot.catalog, est.params,
-                          self.colocation)
+                          colocation)
         return Contention(snapshot, links, shares)
 
     @abstractmethod
@@ -72,8 +82,10 @@ def action_for(job: Job, grid: Grid | None, placement: dict[str, list[int]] | No
 
 def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Grid],
                    placements: dict[str, dict[str, list[int]]], reasons: dict[str, str],
-                   stats: SolverStats, slowdowns: dict[str, float] | None = None) -> Decision:
-    """`slowdowns`: predicted co-location factor of the placed jobs (absent = 1); None = not modelled."""
+                   stats: SolverStats, slowdowns: dict[str, float] | None = None,
+                   options: dict | None = None) -> Decision:
+    """`slowdowns`: predicted co-location factor of the placed jobs (absent = 1); None = not modelled.
+    `options`: the policy's options as JSON, recorded in the decision."""
     out = []
     for job in snapshot.jobs:
         g = chosen.get(job.id)
@@ -90,4 +102,4 @@ def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Gri
                                est_iter_time_s=g.result.iter_time_s * (slow or 1.0),
                                est_throughput=g.throughput / (slow or 1.0), est_slowdown=slow,
                                est_mem_per_gpu_gib=g.result.mem_gib))
-    return Decision(time=snapshot.time, policy=policy, jobs=out, stats=stats)
+    return Decision(time=snapshot.time, policy=policy, jobs=out, stats=stats, policy_options=options)

@@ -13,7 +13,7 @@ from arena_opt.decision import Decision, SolverStats
 from arena_opt.grids import Grid, Pool, job_grids, pools
 from arena_opt.perf.estimator import GridShape, PerfEstimator
 from arena_opt.policies.base import GridPolicy, build_decision
-from arena_opt.reconfig import PRESETS, ReconfigModel
+from arena_opt.milp.options import PolicyOptions
 from arena_opt.snapshot import ClusterSnapshot, Job
 
 Placement = dict[str, list[int]]
@@ -272,11 +272,11 @@ class PackedPolicy(GridPolicy):
     """A grid policy that places jobs itself while it decides (see module doc)."""
 
     name = "packed"
-    colocation = None  # places jobs itself, without the co-location model (est_slowdown stays null)
 
-    def __init__(self, estimator: PerfEstimator | None = None, reconfig: ReconfigModel | None = None):
-        super().__init__(estimator)
-        self.reconfig = reconfig or PRESETS["checkpoint"]
+    def __init__(self, options: PolicyOptions | dict | None = None, estimator: PerfEstimator | None = None):
+        super().__init__(options, estimator)
+        # places jobs itself, without the co-location model (options.colocation unused, est_slowdown null)
+        self.reconfig = self.options.reconfig
         self.cache = GridCache(self.estimator)
         self._requested: dict[str, tuple] = {}
 
@@ -286,7 +286,7 @@ class PackedPolicy(GridPolicy):
         chosen, placements, reasons, stats = self.plan(snapshot)
         stats.total_s = time.perf_counter() - t0
         stats.num_grids = len(chosen)
-        return build_decision(snapshot, self.name, chosen, placements, reasons, stats)
+        return build_decision(snapshot, self.name, chosen, placements, reasons, stats, options=self._options_json)
 
     def requested(self, job: Job) -> Grid | None:
         """`requested_grid` of the job, computed once per job."""

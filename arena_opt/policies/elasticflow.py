@@ -19,14 +19,17 @@ from collections import defaultdict
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
 from arena_opt.policies.common import PackedPolicy, place_changes
+from arena_opt.policies.options import ElasticFlowOptions
 
 
 class ElasticFlowPolicy(PackedPolicy):
     name = "elasticflow"
+    Options = ElasticFlowOptions
+    options: ElasticFlowOptions
 
-    def __init__(self, estimator=None, reconfig=None, use_deadlines: bool = True):
-        super().__init__(estimator, reconfig)
-        self.use_deadlines = use_deadlines
+    def __init__(self, options: ElasticFlowOptions | dict | None = None, estimator=None):
+        super().__init__(options, estimator)
+        self.use_deadlines = self.options.use_deadlines
         self._ladders: dict[tuple[str, str], list[Grid]] = {}  # (job, type) -> its grids by GPU count
 
     def _share(self, job, ladder: list[Grid], cur: Grid | None, now: float) -> tuple[int, bool]:

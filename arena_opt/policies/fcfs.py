@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from arena_opt.decision import SolverStats
 from arena_opt.policies.common import PackedPolicy, fifo
+from arena_opt.policies.options import FcfsOptions
 
 
 class FCFSPolicy(PackedPolicy):
     name = "fcfs"
+    Options = FcfsOptions
 
     def plan(self, snapshot):
         pack, chosen, placements = self.start_state(snapshot)

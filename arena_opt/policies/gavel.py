@@ -14,15 +14,17 @@ from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
 from arena_opt.policies.common import PackedPolicy, admit_fifo, place_changes
 from arena_opt.policies.ilp import BinaryProgram
+from arena_opt.policies.options import GavelOptions
 
 
 class GavelPolicy(PackedPolicy):
     name = "gavel"
+    Options = GavelOptions
+    options: GavelOptions
 
-    def __init__(self, estimator=None, reconfig=None, max_migrations: int = 3, time_limit_s: float = 10.0):
-        super().__init__(estimator, reconfig)
-        self.max_migrations = max_migrations
-        self.time_limit_s = time_limit_s
+    def __init__(self, options: GavelOptions | dict | None = None, estimator=None):
+        super().__init__(options, estimator)
+        self.max_migrations = self.options.max_migrations
         self._cand_cache: dict[str, tuple] = {}
 
     def _cands(self, jid: str, opts, n: int | None) -> list[Grid]:
@@ -94,7 +96,7 @@ class GavelPolicy(PackedPolicy):
             bp.add_row(idx, [var[i][1].node_units(var[i][1].pool[1]) for i in idx], hi=cap[t])
         if stays and len(stays) > self.max_migrations:
             bp.add_row(stays, 1.0, lo=len(stays) - self.max_migrations)
-        res = bp.solve(self.time_limit_s)
+        res = bp.solve(self.options.time_limit_s, self.options.mip_gap)
         stats = SolverStats(solver="highs", status=res.status, objective=res.objective, bound=res.bound,
                             solve_s=res.solve_s)
         if res.x is None:  # keep everyone where the admission put them

@@ -23,16 +23,19 @@ from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
 from arena_opt.policies.common import PackedPolicy, admit_fifo, place_changes
 from arena_opt.policies.ilp import BinaryProgram
+from arena_opt.policies.options import SiaOptions
 
 
 class SiaPolicy(PackedPolicy):
     name = "sia"
+    Options = SiaOptions
+    options: SiaOptions
 
-    def __init__(self, estimator=None, reconfig=None, p: float = 0.5, clip: float = 3000.0, max_migrations: int = 5,
-                 candidates: int = 3, time_limit_s: float = 5.0, mip_gap: float = 1e-2):
-        super().__init__(estimator, reconfig)
-        self.p, self.clip, self.max_migrations, self.candidates = p, clip, max_migrations, candidates
-        self.time_limit_s, self.mip_gap = time_limit_s, mip_gap
+    def __init__(self, options: SiaOptions | dict | None = None, estimator=None):
+        super().__init__(options, estimator)
+        o = self.options
+        self.p, self.clip, self.max_migrations, self.candidates = o.p, o.clip, o.max_migrations, o.candidates
+        self.time_limit_s, self.mip_gap = o.time_limit_s, o.mip_gap
         self._restarts: dict[str, int] = defaultdict(int)  # configuration changes this policy ordered
 
     def plan(self, snapshot):

@@ -13,8 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from arena_opt.errors import InputError
-from arena_opt.policies import REGISTRY
+from arena_opt.policies import check_name
 from arena_opt.sim.config import RunConfig, user_plan_cache, warm_plan_cache
 from arena_opt.sim.plots import plot_all
 from arena_opt.sim.results import markdown_table
@@ -25,13 +24,14 @@ ALL = ["fcfs", "gavel", "sia", "elasticflow", "arena-greedy", "arena"]
 def parse_policies(text: str) -> list[str]:
     names = ALL if text == "all" else [p.strip() for p in text.split(",") if p.strip()]
     for p in names:
-        if p not in REGISTRY:
-            raise InputError(f"--policies: unknown policy {p!r}; known: {', '.join(REGISTRY)}")
+        check_name(p, "--policies: ")
     return names
 
 
 def run_bench(base: RunConfig, policies: list[str], out_dir: str | Path, *, parallel: int = 1,
-              show_progress: bool = True, timeout_s: float | None = None) -> tuple[list[dict], dict]:
+              show_progress: bool = True, timeout_s: float | None = None,
+              policy_options: dict[str, dict] | None = None) -> tuple[list[dict], dict]:
+    """`policy_options`: per policy, overrides of its options (RunConfig.policy_options); default: base's."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     info: dict = {"policies": policies, "failed": {}}
@@ -47,7 +47,8 @@ def run_bench(base: RunConfig, policies: list[str], out_dir: str | Path, *, para
                 pass
         jobs = []
         for p in policies:
-            cfg = base.model_copy(update={"policy": p, "plan_cache": str(cache)})
+            opts = base.policy_options if policy_options is None else policy_options.get(p, {})
+            cfg = base.model_copy(update={"policy": p, "plan_cache": str(cache), "policy_options": opts})
             cfg_path = Path(tmp) / f"{p}.json"
             cfg_path.write_text(cfg.model_dump_json())
             jobs.append((p, cfg_path, out_dir / f"{p}.json"))

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from arena_opt.errors import InputError
+from arena_opt.policies.flags import add_policy_args, check_known, given_options, options_for
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -33,13 +34,14 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="perturb the estimate the policy sees by up to +-this fraction (e.g. 0.2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the estimate noise")
     p.add_argument("--replan", default="auto", choices=["auto", "events", "every-tick"],
-                   help="call the policy only after arrivals/completions (events), at every tick, or as the "
-                        "policy asks (auto)")
+                   help="call the policy only after arrivals/completions (events; auto is the same) or at "
+                        "every tick")
     p.add_argument("--replan-on-ready", action="store_true", help="also re-plan when a reconfiguration ends")
     p.add_argument("--limit-jobs", type=int, help="only the first N jobs of the trace")
+    add_policy_args(p)
 
 
-def _config(args, policy: str):
+def _config(args, policy: str, policy_options: dict | None = None):
     from pydantic import ValidationError
 
     from arena_opt.sim.config import RunConfig
@@ -53,7 +55,8 @@ def _config(args, policy: str):
                          table_mode=args.table_mode, rounds=args.rounds, interval_s=args.interval,
                          reconfig=args.reconfig, iter_scale=iter_scale, deadline_stretch=stretch, noise=args.noise,
                          seed=args.seed, replan=args.replan, replan_on_ready=args.replan_on_ready,
-                         limit_jobs=args.limit_jobs, plan_cache=str(cache) if cache and cache.is_file() else None)
+                         limit_jobs=args.limit_jobs, plan_cache=str(cache) if cache and cache.is_file() else None,
+                         policy_options=policy_options or {})
     except ValidationError as e:
         err = e.errors()[0]
         raise InputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']} (value {err.get('input')!r})") \
@@ -68,7 +71,7 @@ def cmd_simulate(args) -> int:
     from arena_opt.sim.results import write_result
 
     check_policy(args.policy)
-    cfg = _config(args, args.policy)
+    cfg = _config(args, args.policy, options_for(args.policy, given_options(args)))
     if args.noise and not 0 <= args.noise < 1:
         raise InputError(f"--noise must be in [0, 1), got {args.noise}")
     from arena_opt.sim.engine import SimulationError
@@ -95,9 +98,12 @@ def cmd_bench(args) -> int:
     from arena_opt.sim.bench import parse_policies, run_bench
 
     policies = parse_policies(args.policies)
-    base = _config(args, policies[0])
+    given = given_options(args)
+    check_known(policies, given)
+    per_policy = {p: options_for(p, given, strict=False) for p in policies}  # each takes the flags it has
+    base = _config(args, policies[0], per_policy[policies[0]])
     results, info = run_bench(base, policies, args.output_dir, parallel=args.parallel, show_progress=not args.quiet,
-                              timeout_s=args.timeout)
+                              timeout_s=args.timeout, policy_options=per_policy)
     con = Console()
     if results:
         _summary(con, results)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
-from arena_opt.errors import InputError
 from arena_opt.cluster import load_cluster
 from arena_opt.sim.engine import SimOptions
 from arena_opt.sim.results import result_dict
@@ -36,6 +35,9 @@ class RunConfig(BaseModel):
     replan_on_ready: bool = False
     limit_jobs: PositiveInt | None = None
     plan_cache: str | None = Field(None, description="plan cache file to start from (Planner.load_cache)")
+    policy_options: dict[str, Any] = Field(
+        default_factory=dict, description="overrides of the policy's options (fields of its options model), "
+                                          "on top of the simulator's preset (sim.run.SIM_PRESETS)")
 
 
 def load_inputs(cfg: RunConfig):
@@ -54,7 +56,7 @@ def run_config(cfg: RunConfig, progress=None, save_plans: str | Path | None = No
     opts = SimOptions(interval_s=cfg.interval_s, rounds=cfg.rounds, replan=cfg.replan,
                       replan_on_ready=cfg.replan_on_ready)
     res = simulate(trace, cluster, cfg.policy, reconfig=cfg.reconfig, options=opts, truth=truth, estimate=estimate,
-                   progress=progress)
+                   progress=progress, policy_options=cfg.policy_options)
     out = result_dict(res, cfg.model_dump())
     out["total_wall_s"] = time.perf_counter() - t0
     if save_plans is not None:
@@ -91,7 +93,6 @@ def user_plan_cache() -> Path | None:
 
 
 def check_policy(name: str) -> None:
-    from arena_opt.policies import REGISTRY
+    from arena_opt.policies import check_name
 
-    if name not in REGISTRY:
-        raise InputError(f"unknown policy {name!r}; known: {', '.join(REGISTRY)}")
+    check_name(name)

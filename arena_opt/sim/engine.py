@@ -9,9 +9,9 @@ Ticks fall on `origin + k * interval` (origin = first submission). Between ticks
 decided; the loop jumps from event to event. With `replan="events"` a tick calls the policy only
 when something happened since the last decision (an arrival, a completion, a reconfiguration that
 ended); otherwise the snapshot differs only in time and remaining iterations, and a policy whose
-decision depends on neither would decide the same again. Policies that age jobs or look at
-remaining work can set `replan_every_tick = True` (honoured by the default "auto") or the run can
-use `replan="every-tick"`.
+decision depends on neither would decide the same again. A run whose policy ages jobs or looks at
+remaining work between events uses `replan="every-tick"`. The default "auto" is "events" (no policy
+asks for more; the name stays so that recorded configurations load).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class SimOptions:
     interval_s: float = 300.0
     rounds: int | None = None  # stop after this many scheduling intervals; None = until every job finished
     reconfig: ReconfigModel = field(default_factory=lambda: PRESETS["checkpoint"])
-    replan: Literal["auto", "events", "every-tick"] = "auto"
+    replan: Literal["auto", "events", "every-tick"] = "auto"  # auto = events (see module doc)
     # a reconfiguration that ended changes nothing in the snapshot but time and remaining work
     replan_on_ready: bool = False
     record_decisions: bool = False  # keep every applied allocation (tests)
@@ -72,6 +72,7 @@ class SimResult:
     wall_s: float
     cpu_s: float = 0.0  # CPU time of this process: on a shared machine, closer to what an idle one takes
     decision_log: list | None = None
+    policy_options: dict | None = None  # the options the policy ran with (its options model as JSON)
 
 
 class Simulator:
@@ -97,8 +98,7 @@ class Simulator:
         self.jobs = [SimJob(index=k, spec=trace[i].to_job(), total=trace[i].iterations, submit=trace[i].submit_time,
                             deadline=trace[i].deadline, batch=trace[i].batch_size) for k, i in enumerate(order)]
         self.by_id = {sj.spec.id: sj for sj in self.jobs}
-        mode = self.opt.replan
-        self.every_tick = mode == "every-tick" or (mode == "auto" and getattr(policy, "replan_every_tick", False))
+        self.every_tick = self.opt.replan == "every-tick"
 
     # ---- main loop -------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -164,7 +164,8 @@ class Simulator:
                          total_gpus=self.total_gpus, jobs=[self._job_record(sj) for sj in self.jobs],
                          timeline=self.timeline, decisions=self.decisions, stalled=stalled,
                          wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0,
-                         decision_log=self.decision_log)
+                         decision_log=self.decision_log,
+                         policy_options=self.policy.options.model_dump(mode="json"))
 
     def _push(self, t: float, kind: int, index: int, version: int) -> None:
         self.seq += 1

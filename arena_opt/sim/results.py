@@ -12,6 +12,7 @@ from arena_opt.sim.metrics import compute, round_series
 def result_dict(res: SimResult, config: dict) -> dict:
     out = compute(res)
     out["config"] = config
+    out["policy_options"] = res.policy_options
     out["series"] = round_series(res)
     out["decisions"] = res.decisions
     out["job_records"] = res.jobs

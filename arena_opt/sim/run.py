@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
+from typing import Any
 
 from arena_opt.errors import InputError
 from arena_opt.perf.estimator import PerfEstimator
-from arena_opt.policies import REGISTRY, get_policy
-from arena_opt.policies.base import Policy
+from arena_opt.policies import make_policy
 from arena_opt.reconfig import PRESETS, ReconfigModel
 from arena_opt.sim.engine import SimOptions, SimResult, Simulator
 from arena_opt.sim.perf import NoisyEstimator, make_truth
@@ -20,6 +19,17 @@ from arena_opt.snapshot import ClusterSnapshot
 ARENA_POLICIES = ("arena", "arena-greedy")
 RECONFIG_CHOICES = (*PRESETS, "artifact")
 
+# The simulator's option overrides per policy (plain data; the run's restart model and the caller's
+# overrides go on top of them).
+SIM_PRESETS: dict[str, dict[str, Any]] = {
+    # the same MILP rows, handed to HiGHS as arrays: thousands of rounds without Pyomo's per-round
+    # overhead (tests/test_milp.py checks that both backends reach the same optimum). Simulated
+    # rounds hold far fewer grids than the 1,000-job snapshots the 1e-2 default is sized for
+    # (bench/results/solve.md), so a 1e-3 gap costs little and leaves less room for arbitrary
+    # reshuffles of near-equal solutions inside the gap
+    "arena": {"backend": "highspy", "mip_gap": 1e-3},
+}
+
 
 def reconfig_for(policy: str, preset: str) -> ReconfigModel:
     if preset == "artifact":
@@ -30,26 +40,10 @@ def reconfig_for(policy: str, preset: str) -> ReconfigModel:
         raise InputError(f"unknown reconfiguration preset {preset!r}; known: {', '.join(RECONFIG_CHOICES)}") from None
 
 
-def make_policy(name: str, estimator: PerfEstimator, reconfig: ReconfigModel, **kwargs) -> Policy:
-    if name not in REGISTRY:
-        raise InputError(f"unknown policy {name!r}; known: {', '.join(REGISTRY)}")
-    mod, cls = REGISTRY[name].split(":")
-    import importlib
-
-    klass = getattr(importlib.import_module(mod), cls)
-    params = inspect.signature(klass).parameters
-    if "reconfig" in params and "reconfig" not in kwargs:
-        kwargs["reconfig"] = reconfig
-    if name == "arena" and "options" not in kwargs:
-        from arena_opt.milp.options import ArenaOptions
-
-        # the same MILP rows, handed to HiGHS as arrays: thousands of rounds without Pyomo's per-round
-        # overhead (tests/test_milp.py checks that both backends reach the same optimum). Simulated
-        # rounds hold far fewer grids than the 1,000-job snapshots the 1e-2 default is sized for
-        # (bench/results/solve.md), so a 1e-3 gap costs little and leaves less room for arbitrary
-        # reshuffles of near-equal solutions inside the gap
-        kwargs["options"] = ArenaOptions(backend="highspy", mip_gap=1e-3)
-    return get_policy(name, estimator=estimator, **kwargs)
+def sim_options(policy: str, reconfig: ReconfigModel, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The options a simulated policy runs with: the simulator's preset, the run's restart model (the
+    policy plans with what the simulator charges), then `overrides` (fields of the policy's options model)."""
+    return {**SIM_PRESETS.get(policy, {}), "reconfig": reconfig, **(overrides or {})}
 
 
 def make_estimators(perf_table: str | Path | None, noise: float = 0.0, seed: int = 0,
@@ -62,7 +56,8 @@ def make_estimators(perf_table: str | Path | None, noise: float = 0.0, seed: int
 def simulate(trace: list[TraceJob], cluster: ClusterSnapshot, policy: str, *, perf_table: str | Path | None = None,
              noise: float = 0.0, seed: int = 0, reconfig: str = "checkpoint", options: SimOptions | None = None,
              truth: PerfEstimator | None = None, estimate: PerfEstimator | None = None, progress=None,
-             policy_kwargs: dict | None = None) -> SimResult:
+             policy_options: dict[str, Any] | None = None) -> SimResult:
+    """`policy_options`: overrides of the policy's options (see `sim_options`)."""
     if truth is None:
         truth, estimate = make_estimators(perf_table, noise, seed)
     elif estimate is None:
@@ -70,5 +65,5 @@ def simulate(trace: list[TraceJob], cluster: ClusterSnapshot, policy: str, *, pe
     model = reconfig_for(policy, reconfig)
     opts = options or SimOptions()
     opts.reconfig = model
-    pol = make_policy(policy, estimate, model, **(policy_kwargs or {}))
+    pol = make_policy(policy, sim_options(policy, model, policy_options), estimator=estimate)
     return Simulator(cluster, trace, pol, truth=truth, options=opts, progress=progress).run()

@@ -1,0 +1,93 @@
+"""Command-line flags of the policies' options, shared by `solve`, `simulate`, `bench` and `run`: each flag
+given becomes one field of the options model (flags left out leave the policy's own default)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pydantic import ValidationError
+
+from arena_opt.errors import InputError
+from arena_opt.policies import options_model
+
+# flag -> (argparse dest, options field)
+FLAGS = {
+    "--time-limit": ("time_limit", "time_limit_s"),
+    "--gap": ("gap", "mip_gap"),
+    "--shards": ("shards", "shards"),
+    "--threads": ("threads", "threads"),
+    "--max-reconfigs": ("max_reconfigs", "max_reconfigs_per_round"),
+    "--uplink-oversubscription": ("uplink_oversubscription", "colocation"),
+    "--no-colocation": ("no_colocation", "colocation"),
+}
+
+
+def add_policy_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("policy options (default: each policy's own; see arena_opt/policies/options.py)")
+    g.add_argument("--time-limit", type=float, help="solver time limit per round, s (arena, gavel: 10; sia: 5)")
+    g.add_argument("--gap", type=float, help="relative MIP gap (arena: 0.01; gavel: 1e-4; sia: 0.01)")
+    g.add_argument("--shards", type=int, help="arena: split level 1 into N shards (default 1)")
+    g.add_argument("--threads", type=int, help="arena: HiGHS threads (default 1)")
+    g.add_argument("--max-reconfigs", type=int, help="arena: cap on running jobs changed per round")
+    g.add_argument("--uplink-oversubscription", type=float,
+                   help="rack nodes' network bandwidth over the rack uplink's (default 1, non-blocking); above 1 "
+                        "placement keeps cross-rack jobs off shared uplinks and decisions predict their slowdown")
+    g.add_argument("--no-colocation", action="store_true",
+                   help="no co-location model: placement ignores other jobs' traffic, est_slowdown is null")
+
+
+def given_options(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """The options the flags set: field -> (flag, value), only for flags given."""
+    if args.no_colocation and args.uplink_oversubscription is not None:
+        raise InputError("--no-colocation and --uplink-oversubscription contradict each other: give one")
+    out: dict[str, tuple[str, Any]] = {}
+    for flag, (dest, field) in FLAGS.items():
+        v = getattr(args, dest)
+        if v is None or v is False or field in out:
+            continue
+        if dest == "no_colocation":
+            out[field] = (flag, None)
+        elif dest == "uplink_oversubscription":
+            out[field] = (flag, {"uplink_oversubscription": v})
+        else:
+            out[field] = (flag, v)
+    return out
+
+
+def options_for(name: str, given: dict[str, tuple[str, Any]], *, strict: bool = True) -> dict[str, Any]:
+    """The flags' fields that policy `name` has, validated (an error names the flag and value). `strict`:
+    a flag the policy has no option for is an error (one policy); else it is left to the policies that
+    have it (a bench of several)."""
+    model = options_model(name)
+    fields = {f: v for f, (flag, v) in given.items() if f in model.model_fields}
+    missing = [flag for f, (flag, _) in given.items() if f not in model.model_fields]
+    if strict and missing:
+        raise InputError(f"{missing[0]}: policy {name!r} has no such option (its options: "
+                         f"{', '.join(model.model_fields)})")
+    try:
+        model.model_validate(fields)
+    except ValidationError as e:
+        err = e.errors()[0]
+        flag = given[err["loc"][0]][0] if err["loc"] and err["loc"][0] in given else "options"
+        raise InputError(_message(flag, err)) from None
+    return fields
+
+
+_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
+           "less_than_equal": ("le", "<=")}
+
+
+def _message(flag: str, err: dict) -> str:
+    if err["type"] in _BOUNDS:
+        key, op = _BOUNDS[err["type"]]
+        bound = err["ctx"][key]
+        return f"{flag} must be {op} {bound:g} (value {err.get('input')!r})"
+    return f"{flag}: {err['msg']} (value {err.get('input')!r})"
+
+
+def check_known(names: list[str], given: dict[str, tuple[str, Any]]) -> None:
+    """Each flag given must be an option of at least one of the policies `names`."""
+    for f, (flag, _) in given.items():
+        if not any(f in options_model(n).model_fields for n in names):
+            raise InputError(f"{flag}: none of the policies {', '.join(names)} has this option")
