@@ -8,13 +8,11 @@ solved by HiGHS; placement then packs the chosen (type, count) at compact locali
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
 from arena_opt.policies.common import PackedPolicy, admit_fifo, place_changes
-from arena_opt.policies.ilp import BinaryProgram
 from arena_opt.policies.options import GavelOptions
+from arena_opt.policies.type_assignment import assign_types
 
 
 class GavelPolicy(PackedPolicy):
@@ -74,33 +72,9 @@ class GavelPolicy(PackedPolicy):
         if all(j not in current and tentative[j] is admitted[j][0] for j, _ in var):
             # only newcomers, each on its fastest type: no assignment has more throughput
             return {**fixed, **{j: tentative[j] for j, _ in var}}, SolverStats(solver="highs", status="greedy optimal")
-        bp = BinaryProgram(len(var))
-        by_job: dict[str, list[int]] = defaultdict(list)
-        by_type: dict[str, list[int]] = defaultdict(list)
-        stays: list[int] = []
-        for i, (j, g) in enumerate(var):
-            bp.c[i] = g.throughput
-            by_job[j].append(i)
-            by_type[g.shape.gpu_type].append(i)
-            if g.current:
-                stays.append(i)
-                bp.c[i] += 1e-6 * max(g.throughput, 1.0)  # equal throughput: do not move
-        for j, idx in by_job.items():
-            bp.add_row(idx, 1.0, 1.0, 1.0)  # every admitted job runs on exactly one type
-        cap = defaultdict(int)
-        for p in self.cache.pools.values():
-            cap[p.gpu_type] += p.num_gpus
-        for g in fixed.values():
-            cap[g.shape.gpu_type] -= g.node_units(g.pool[1])
-        for t, idx in by_type.items():
-            bp.add_row(idx, [var[i][1].node_units(var[i][1].pool[1]) for i in idx], hi=cap[t])
-        if stays and len(stays) > self.max_migrations:
-            bp.add_row(stays, 1.0, lo=len(stays) - self.max_migrations)
-        res = bp.solve(self.options.time_limit_s, self.options.mip_gap)
-        stats = SolverStats(solver="highs", status=res.status, objective=res.objective, bound=res.bound,
-                            solve_s=res.solve_s)
-        if res.x is None:  # keep everyone where the admission put them
-            stats.fallback = True
-            return {**current, **tentative}, stats
-        return {**fixed, **{var[i][0]: var[i][1] for i in range(len(var)) if res.x[i]}}, stats
+        # equal throughput: do not move
+        utility = [g.throughput + (1e-6 * max(g.throughput, 1.0) if g.current else 0.0) for _, g in var]
+        # without a feasible assignment everyone stays where the admission put them
+        return assign_types(var, utility, self.cache.pools, fixed, self.max_migrations, self.options.time_limit_s,
+                            self.options.mip_gap, fallback={**current, **tentative})
 

@@ -22,8 +22,8 @@ from collections import defaultdict
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
 from arena_opt.policies.common import PackedPolicy, admit_fifo, place_changes
-from arena_opt.policies.ilp import BinaryProgram
 from arena_opt.policies.options import SiaOptions
+from arena_opt.policies.type_assignment import assign_types
 
 
 class SiaPolicy(PackedPolicy):
@@ -93,31 +93,5 @@ class SiaPolicy(PackedPolicy):
         var = [(j, g, u) for j in admitted if j not in fixed for g, u in zip(admitted[j], util[j])]
         if not var:
             return fixed, SolverStats(solver="highs", status="nothing to choose")
-        bp = BinaryProgram(len(var))
-        by_job: dict[str, list[int]] = defaultdict(list)
-        by_type: dict[str, list[int]] = defaultdict(list)
-        stays: list[int] = []
-        for i, (j, g, u) in enumerate(var):
-            bp.c[i] = u
-            by_job[j].append(i)
-            by_type[g.shape.gpu_type].append(i)
-            if g.current:
-                stays.append(i)
-        for idx in by_job.values():
-            bp.add_row(idx, 1.0, 1.0, 1.0)
-        cap: dict[str, int] = defaultdict(int)
-        for p in self.cache.pools.values():
-            cap[p.gpu_type] += p.num_gpus
-        for g in fixed.values():
-            cap[g.shape.gpu_type] -= g.node_units(g.pool[1])
-        for t, idx in by_type.items():
-            bp.add_row(idx, [var[i][1].node_units(var[i][1].pool[1]) for i in idx], hi=cap[t])
-        if len(stays) > self.max_migrations:
-            bp.add_row(stays, 1.0, lo=len(stays) - self.max_migrations)
-        res = bp.solve(self.time_limit_s, self.mip_gap)
-        stats = SolverStats(solver="highs", status=res.status, objective=res.objective, bound=res.bound,
-                            solve_s=res.solve_s)
-        if res.x is None:
-            stats.fallback = True
-            return {**current, **tentative}, stats
-        return {**fixed, **{var[i][0]: var[i][1] for i in range(len(var)) if res.x[i]}}, stats
+        return assign_types([(j, g) for j, g, _ in var], [u for _, _, u in var], self.cache.pools, fixed,
+                            self.max_migrations, self.time_limit_s, self.mip_gap, fallback={**current, **tentative})
