@@ -29,6 +29,7 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from arena_opt.decision import Decision
+from arena_opt.policies.base import Policy
 from arena_opt.snapshot import ClusterSnapshot, Job, Node, RunningState
 from runners.base import JobSpec, ObservedJob, Runner
 from runners.spec import Scale
@@ -84,7 +85,7 @@ class LiveResult:
 
 
 class LiveLoop:
-    def __init__(self, cluster: ClusterSnapshot, trace: list, runner: Runner, policy, options: LiveOptions,
+    def __init__(self, cluster: ClusterSnapshot, trace: list, runner: Runner, policy: Policy, options: LiveOptions,
                  out_dir: str | Path, log: Callable[[str], None] = print) -> None:
         if cluster.jobs:
             raise ValueError("the cluster snapshot must not contain jobs")
@@ -235,10 +236,10 @@ class LiveLoop:
         return t
 
     def _feed_estimator(self) -> None:
-        est = getattr(self.policy, "estimator", None)
+        est = self.policy.estimator
         for m in self.runner.measurements():
             j = self.jobs.get(m.job_id)
-            if est is None or j is None or j.decided is None or j.est_base_s is None:
+            if j is None or j.decided is None or j.est_base_s is None:
                 continue
             if (m.gpu_type, m.plan) != (j.decided[0], j.decided[2]):
                 continue
@@ -309,8 +310,7 @@ class LiveLoop:
                 j.decided = None
 
     def _factor(self, model: str, gpu_type: str) -> float:
-        est = getattr(self.policy, "estimator", None)
-        return getattr(est, "correction", {}).get((model, gpu_type), 1.0) if est is not None else 1.0
+        return self.policy.estimator.correction.get((model, gpu_type), 1.0)
 
     def _ref_throughput(self, j: _LiveJob) -> float:
         """Normalisation of a job's throughput (the simulator's ref_throughput): samples/s of the
@@ -379,7 +379,7 @@ def _sim_metrics(loop: LiveLoop, records: list[dict], end: float) -> dict:
     if not tl["t"] or tl["t"][-1] < end:
         for k in tl:
             tl[k].append(end if k == "t" else (tl[k][-1] if tl[k] else 0.0))
-    res = SimResult(policy=getattr(loop.policy, "name", "policy"),
+    res = SimResult(policy=loop.policy.name,
                     options={"interval_s": loop.opt.interval_s, **loop.opt.model_dump(mode="json")},
                     origin=0.0, end=max(end, 1e-6), total_gpus=sum(n.num_gpus for n in loop.cluster.nodes),
                     jobs=records, timeline=tl, decisions=loop.decisions, stalled=loop.stalled, wall_s=end)
