@@ -30,7 +30,7 @@ from arena_opt.sim.results import markdown_table
 ARTIFACT_500 = {"arena-greedy": (222, 17551, 4704), "sia": (189, 17246, 4096), "gavel": (160, 22864, 3387),
                 "elasticflow": (138, 21863, 2763), "fcfs": (123, 22205, 2786)}
 SPEED_BUDGET_S = {"arena": 300.0}  # the targets for the whole trace; baselines: 60 s
-DROP = ("config", "series", "decisions", "job_records")
+DROP = ("config", "series", "decisions", "job_records", "events")
 
 
 def machine() -> dict:

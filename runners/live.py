@@ -14,8 +14,14 @@ models are scaled down unless `scale` is None.
 
 A node that leaves (`node_removals`) is dropped from the snapshot; its jobs
 lose their processes without saving (as when a node dies) and the policy
-re-plans them from their last checkpoint. At the end the same metrics as the
-simulator are computed from what was measured (`arena_opt.sim.metrics`).
+re-plans them from their last checkpoint.
+
+Accounting is the run record's (arena_opt/record.py), by the simulator's rules:
+decisions write starts, reconfigurations and preemptions at the round's time;
+observations write what the runner saw happen (a launch that reports steps is
+ready, a job that stopped without being asked crashed, finished, failed). The
+output folder gets events.jsonl as events happen and, at the end, record.json
+and metrics.json (arena_opt/metrics.py, the simulator's definitions).
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from arena_opt.decision import Decision
+from arena_opt.io import write_model
+from arena_opt.metrics import compute
 from arena_opt.policies.base import Policy
+from arena_opt.record import RUNNING, WAITING, JobRecord, Recorder, RunRecord, model_name
 from arena_opt.snapshot import ClusterSnapshot, Job, Node, RunningState
 from runners.base import JobSpec, ObservedJob, Runner
 from runners.spec import Scale
@@ -58,18 +67,8 @@ class LiveOptions(BaseModel):
 class _LiveJob:
     trace: object  # arena_opt.trace.TraceJob
     spec: JobSpec
-    submit: float
-    deadline: float | None
+    rec: JobRecord  # what happened to it (submit and deadline on the loop's clock)
     added: bool = False
-    first_start: float | None = None
-    finish: float | None = None
-    starts: int = 0
-    reconfigs: int = 0
-    preemptions: int = 0
-    gpu_seconds: float = 0.0
-    productive_gpu_seconds: float = 0.0
-    waited: float = 0.0  # seconds waited in finished waiting spells (queued or preempted)
-    wait_since: float | None = None  # start of the current waiting spell; None while it runs
     decided: tuple | None = None  # (gpu_type, placement, plan) the last decision gave it
     est_base_s: float | None = None  # the policy's iteration time for `decided`, without online correction
     est_gpu: str = ""  # GPU type of that estimate
@@ -106,11 +105,19 @@ class LiveLoop:
             spec = JobSpec(job_id=tj.id, model=tj.model, global_batch=batch, total_steps=steps,
                            scale=options.scale, seed=options.seed, step_delay_s=options.step_delay_s)
             deadline = None if tj.deadline is None else (tj.deadline - t0) / options.time_scale
-            self.jobs[tj.id] = _LiveJob(tj, spec, (tj.submit_time - t0) / options.time_scale, deadline)
-        self.timeline: dict[str, list[float]] = {k: [] for k in
-                                                 ("t", "throughput", "alloc_gpus", "productive_gpus", "waiting",
-                                                  "running", "norm_sum")}
-        self.decisions: list[dict] = []
+            rec = JobRecord(id=tj.id, model=model_name(tj.model), batch_size=batch, iterations=steps,
+                            submit=(tj.submit_time - t0) / options.time_scale, deadline=deadline,
+                            requested_gpu_type=tj.gpu_type, requested_num_gpus=tj.num_gpus)
+            self.jobs[tj.id] = _LiveJob(tj, spec, rec)
+        (self.out / "events.jsonl").write_text("")
+        self.recorder = Recorder(RunRecord(policy=policy.name, interval_s=options.interval_s,
+                                           total_gpus=sum(n.num_gpus for n in cluster.nodes),
+                                           options=options.model_dump(mode="json"),
+                                           policy_options=policy.options.model_dump(mode="json")),
+                                 events_path=self.out / "events.jsonl")
+        for j in self.jobs.values():
+            self.recorder.add_job(j.rec)
+        self.decisions: list[dict] = self.recorder.record.decisions
         self.t0 = 0.0
         self._removed: set[str] = set()
         self._removals = list(options.node_removals)  # appended to by remove_node() from other threads
@@ -141,14 +148,15 @@ class LiveLoop:
                 time.sleep(min(1.0, max(0.05, next_round - self.now())))
         finally:
             self.runner.shutdown()
-        return self._finish()
+        return self._finish(self.now())
 
     def _round(self, t: float) -> None:
         self._apply_removals(t)
         for j in self.jobs.values():
-            if not j.added and j.submit <= t:
+            if not j.added and j.rec.submit <= t:
                 self.runner.add_job(j.spec)
                 j.added = True
+                self.recorder.submit(j.rec.submit, j.rec)
         obs = self._observe(t)
         self._feed_estimator()
         snap = self._snapshot(t, obs)
@@ -189,43 +197,42 @@ class LiveLoop:
                         # the node is gone and with it this job's ranks: no checkpoint can be written now
                         self.runner.stop(jid, save=False)
                         j.lost = True
+                        if j.rec.status == RUNNING:
+                            self.recorder.crash(t, j.rec, f"node {node} left")
+                self.recorder.note(t, None, "node_lost", node=node)
                 self.log(f"[{t:7.1f}s] node {node} left the cluster")
 
     def _observe(self, t: float) -> dict[str, ObservedJob]:
         obs = {o.job_id: o for o in self.runner.status()}
-        dt = (t - self.timeline["t"][-1]) if self.timeline["t"] else 0.0
-        thr = norm = 0.0
-        alloc = prod = running = waiting = 0
         for jid, j in self.jobs.items():
             o = obs.get(jid)
-            if o is None:
-                continue
-            j.last_obs = o
-            if o.state == "finished" and j.finish is None:
-                j.finish = self._finish_time(jid, t)
-            if o.state in ("running", "stopping"):
-                alloc += o.num_gpus
-                j.gpu_seconds += o.num_gpus * dt
-                # productive once the current launch reports steps (the simulator's "past its reconfiguration")
-                if o.state == "running" and o.samples_per_s:
-                    running += 1
-                    prod += o.num_gpus
-                    thr += o.samples_per_s
-                    norm += o.samples_per_s / max(self._ref_throughput(j), 1e-9)
-                    j.productive_gpu_seconds += o.num_gpus * dt
-            elif o.state in ("pending", "stopped", "crashed"):
-                waiting += 1
-        # what was observed happened since the previous sample: the simulator's step functions hold
-        # value[i] on [t[i], t[i+1]), so the rates go to the previous sample and are carried forward
-        tl = self.timeline
-        vals = {"throughput": thr, "alloc_gpus": alloc, "productive_gpus": prod, "waiting": waiting,
-                "running": running, "norm_sum": norm}
-        for k, v in vals.items():
-            if tl["t"]:
-                tl[k][-1] = float(v)
-            tl[k].append(float(v))
-        tl["t"].append(t)
+            if o is not None:
+                j.last_obs = o
+                self._account_observed(t, jid, j, o)
+        self.recorder.sample(t)
         return obs
+
+    def _account_observed(self, t: float, jid: str, j: _LiveJob, o: ObservedJob) -> None:
+        """What the runner saw happen, into the record (decisions are accounted in _account_decision)."""
+        r, rec = j.rec, self.recorder
+        if o.state == "finished" and r.status in (RUNNING, WAITING):
+            rec.finish(min(t, max(r.synced_at, self._finish_time(jid, t))), r)
+        elif o.state == "failed" and r.status in (RUNNING, WAITING):
+            rec.fail(t, r, o.message or "failed")
+        elif r.status != RUNNING:
+            return
+        elif o.state not in ("running", "stopping"):
+            # it holds GPUs by the last decision but does not run: its launch failed or its processes died
+            rec.crash(t, r, o.message or f"the runner reports it {o.state}")
+        elif o.state == "running" and o.samples_per_s:
+            # productive once the current launch reports steps (the simulator's "past its reconfiguration")
+            r.ref_throughput = self._ref_throughput(j)
+            if r.ready:
+                rec.speed(t, r, o.samples_per_s)
+            else:
+                rec.ready(t, r, o.samples_per_s)
+        else:
+            rec.advance(t, r)
 
     def _finish_time(self, jid: str, t: float) -> float:
         events = getattr(self.runner, "events", None)
@@ -264,49 +271,36 @@ class LiveLoop:
             if (o.state == "running" and not j.lost and o.plan is not None and o.gpu_type
                     and set(o.placement) <= live_nodes):
                 running = RunningState(gpu_type=o.gpu_type, placement=o.placement, plan=o.plan)
-            # waiting spells as the rounds observe them: aging keeps what a job earned by waiting
-            # once it runs (Job.waited_s), as in the simulator
-            if running is None and j.wait_since is None:
-                j.wait_since = j.submit if j.starts == 0 else t
-            elif running is not None and j.wait_since is not None:
-                j.waited += max(0.0, t - j.wait_since)
-                j.wait_since = None
-            waited = j.waited + (max(0.0, t - j.wait_since) if j.wait_since is not None else 0.0)
             tj = j.trace
             jobs.append(Job(
                 id=jid, model=j.spec.model, batch_size=j.spec.global_batch, total_iterations=j.spec.total_steps,
-                remaining_iterations=remaining, submit_time=j.submit, deadline=j.deadline,
+                remaining_iterations=remaining, submit_time=j.rec.submit, deadline=j.rec.deadline,
                 weight=tj.weight, allowed_gpu_types=tj.allowed_gpu_types, min_gpus=tj.min_gpus,
                 max_gpus=tj.max_gpus, requested_gpu_type=tj.gpu_type,
-                requested_num_gpus=tj.num_gpus, running=running, attained_service_s=j.gpu_seconds,
-                waited_s=waited))
+                requested_num_gpus=tj.num_gpus, running=running, attained_service_s=j.rec.gpu_seconds,
+                waited_s=j.rec.waited_until(t)))
         return ClusterSnapshot(time=t, gpu_catalog=self.cluster.gpu_catalog, nodes=self.nodes, jobs=jobs)
 
     def _account_decision(self, t: float, decision: Decision, obs: dict[str, ObservedJob]) -> None:
         for jd in decision.jobs:
             j = self.jobs[jd.job_id]
+            r = j.rec
             if jd.runs:
                 target = (jd.gpu_type, dict(jd.placement), jd.plan)
-                o = obs.get(jd.job_id)
-                if jd.action == "keep" and o is not None and o.state == "crashed":
-                    j.starts += 1  # the runner relaunches it from its checkpoint
-                    j.reconfigs += 1
-                elif jd.action == "start":
-                    j.starts += 1
-                    if j.first_start is None:
-                        j.first_start = t
-                    if j.starts > 1 or j.lost:
-                        j.reconfigs += 1  # resume from a checkpoint
-                elif jd.action in ("reshape", "migrate"):
-                    j.reconfigs += 1
+                # by the record's rules whatever the action says: a job without GPUs starts (a crashed
+                # one the runner relaunches on "keep" too), a running one given others reconfigures
+                if r.status == WAITING:
+                    self.recorder.start(t, r, jd.num_gpus, action=jd.action, gpu_type=jd.gpu_type)
+                elif r.status == RUNNING and jd.action != "keep":
+                    self.recorder.reconfigure(t, r, jd.num_gpus, action=jd.action, gpu_type=jd.gpu_type)
                 if target != j.decided and jd.est_iter_time_s:
-                    j.est_base_s = jd.est_iter_time_s / self._factor(_model(j.spec.model), jd.gpu_type or "")
+                    j.est_base_s = jd.est_iter_time_s / self._factor(model_name(j.spec.model), jd.gpu_type or "")
                     j.est_gpu = jd.gpu_type or ""
                 j.decided = target
                 j.lost = False
             else:
-                if jd.action == "preempt":
-                    j.preemptions += 1
+                if jd.action == "preempt" and r.status == RUNNING:
+                    self.recorder.preempt(t, r)
                 j.decided = None
 
     def _factor(self, model: str, gpu_type: str) -> float:
@@ -316,7 +310,7 @@ class LiveLoop:
         """Normalisation of a job's throughput (the simulator's ref_throughput): samples/s of the
         policy's estimate for the job's last allocation under the current online correction."""
         if j.est_base_s:
-            return j.spec.global_batch / (j.est_base_s * self._factor(_model(j.spec.model), j.est_gpu))
+            return j.spec.global_batch / (j.est_base_s * self._factor(model_name(j.spec.model), j.est_gpu))
         return 1.0
 
     def _done(self, obs: dict[str, ObservedJob]) -> bool:
@@ -325,62 +319,19 @@ class LiveLoop:
 
     # ------------------------------------------------------------------ results
 
-    def _finish(self) -> LiveResult:
-        end = self.now()
+    def _finish(self, end: float) -> LiveResult:
         obs = {o.job_id: o for o in self.runner.status()}
-        records = []
         for jid, j in self.jobs.items():
-            o = obs.get(jid)
-            if not j.added:
-                status = "not_arrived"
-            elif o is not None and o.state == "finished":
-                status = "done"
-            elif o is not None and o.state == "failed":
-                status = "failed"
-            elif j.first_start is None:
-                status = "waiting"
-            else:
-                status = "running"
-            tj = j.trace
-            records.append({
-                "id": jid, "model": j.spec.model, "batch_size": j.spec.global_batch,
-                "iterations": j.spec.total_steps, "submit": j.submit, "deadline": j.deadline, "status": status,
-                "first_start": j.first_start, "finish": j.finish if status == "done" else None,
-                "remaining": float(j.spec.total_steps - (o.step if o else 0)),
-                "starts": j.starts, "reconfigs": j.reconfigs, "preemptions": j.preemptions,
-                "gpu_seconds": j.gpu_seconds, "productive_gpu_seconds": j.productive_gpu_seconds,
-                "restart_seconds": j.gpu_seconds - j.productive_gpu_seconds,
-                "ref_throughput": self._ref_throughput(j),
-                "requested_gpu_type": tj.gpu_type, "requested_num_gpus": tj.num_gpus,
-                "reject_reason": (o.message if o and status == "failed" else None),
-                "log_path": o.log_path if o else None,
-            })
-        metrics = _sim_metrics(self, records, end)
-        metrics["failed"] = sum(1 for r in records if r["status"] == "failed")
-        metrics["failed_jobs"] = {r["id"]: r["reject_reason"] for r in records if r["status"] == "failed"}
+            o, r = obs.get(jid), j.rec
+            if o is not None and o.state == "finished" and r.status in (RUNNING, WAITING):
+                self.recorder.finish(min(end, max(r.synced_at, self._finish_time(jid, end))), r)
+            r.ref_throughput = self._ref_throughput(j)
+            r.remaining = float(j.spec.total_steps - (o.step if o else 0))
+            r.log_path = o.log_path if o else None
+        record = self.recorder.close(max(end, 1e-6), stalled=self.stalled, wall_s=end)
+        metrics = compute(record)
         metrics["time_scale"] = self.opt.time_scale
         metrics["measured"] = True
         (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-        (self.out / "jobs.json").write_text(json.dumps(records, indent=1))
-        (self.out / "timeline.json").write_text(json.dumps(self.timeline))
-        return LiveResult(metrics, records, self.decisions)
-
-
-def _model(model: object) -> str:
-    return model if isinstance(model, str) else getattr(model, "name", str(model))
-
-
-def _sim_metrics(loop: LiveLoop, records: list[dict], end: float) -> dict:
-    """The simulator's metrics over the measured run (same definitions, wall seconds)."""
-    from arena_opt.sim.engine import SimResult
-    from arena_opt.sim.metrics import compute
-
-    tl = {k: list(v) for k, v in loop.timeline.items()}
-    if not tl["t"] or tl["t"][-1] < end:
-        for k in tl:
-            tl[k].append(end if k == "t" else (tl[k][-1] if tl[k] else 0.0))
-    res = SimResult(policy=loop.policy.name,
-                    options={"interval_s": loop.opt.interval_s, **loop.opt.model_dump(mode="json")},
-                    origin=0.0, end=max(end, 1e-6), total_gpus=sum(n.num_gpus for n in loop.cluster.nodes),
-                    jobs=records, timeline=tl, decisions=loop.decisions, stalled=loop.stalled, wall_s=end)
-    return compute(res)
+        write_model(record, self.out / "record.json")
+        return LiveResult(metrics, record.job_dicts(), self.decisions)

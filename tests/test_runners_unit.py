@@ -231,6 +231,7 @@ def test_live_snapshots_carry_the_wait_a_job_earned(tmp_path):
     loop = LiveLoop(load_cluster("a10:2x1"), trace, DryRunRunner(tmp_path / "runs"), make_policy("fcfs"),
                     LiveOptions(), tmp_path / "out")
     loop.jobs["A"].added = True
+    loop.recorder.submit(0.0, loop.jobs["A"].rec)
     pending = {"A": ObservedJob(job_id="A", state="pending", total_steps=20)}
     running = {"A": ObservedJob(job_id="A", state="running", step=5, total_steps=20, gpu_type="a10",
                                 placement={"a10-000": [0]}, plan=Plan())}
@@ -238,9 +239,16 @@ def test_live_snapshots_carry_the_wait_a_job_earned(tmp_path):
     def waited(t, obs):
         return loop._snapshot(t, obs).jobs[0].waited_s
 
+    def decide(t, action, obs):
+        runs = action == "start"
+        loop._account_decision(t, Decision(time=t, policy="test", jobs=[JobDecision(
+            job_id="A", action=action, gpu_type="a10" if runs else None, num_gpus=int(runs), num_nodes=int(runs),
+            placement={"a10-000": [0]} if runs else {}, plan=Plan() if runs else None)]), obs)
+
     assert waited(30.0, pending) == 30.0
-    loop.jobs["A"].starts = 1
-    assert waited(40.0, running) == 40.0  # started at the latest here: the wait stops growing
+    decide(40.0, "start", pending)
+    assert waited(40.0, running) == 40.0  # started here: the wait stops growing
     assert waited(100.0, running) == 40.0
-    assert waited(110.0, pending) == 40.0  # preempted: a new spell from this round
+    decide(110.0, "preempt", running)
+    assert waited(110.0, pending) == 40.0  # preempted: a new spell from the round that preempted it
     assert waited(150.0, pending) == 80.0

@@ -7,7 +7,7 @@ from arena_opt.grids import compact_shape
 from arena_opt.cluster import load_cluster
 from arena_opt.sim import SimOptions, simulate
 from arena_opt.trace import load_trace
-from arena_opt.sim.metrics import compute
+from arena_opt.metrics import compute
 from arena_opt.sim.run import make_estimators
 
 pytestmark = pytest.mark.shared_data
@@ -33,7 +33,7 @@ def test_fcfs_on_the_first_jobs_with_the_measured_table(arena_data):
     # plus its iterations at the table's time for that grid, exactly
     gpn = {n.gpu_type: n.num_gpus for n in cl.nodes}
     checked = 0
-    for r in res.jobs:
+    for r in res.job_dicts():
         if r["status"] != "done":
             continue
         n, t = r["requested_num_gpus"], r["requested_gpu_type"]

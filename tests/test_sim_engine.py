@@ -13,7 +13,7 @@ from arena_opt.reconfig import ReconfigModel
 from arena_opt.cluster import load_cluster
 from arena_opt.sim import SimOptions, SimulationError, Simulator
 from arena_opt.trace import TraceJob
-from arena_opt.sim.metrics import compute
+from arena_opt.metrics import compute
 from arena_opt.sim.perf import NoisyEstimator
 
 MODEL, BATCH = "gpt-350M", 128
@@ -38,7 +38,7 @@ def job(jid, t, iters, gpus, deadline=None):
 
 
 def by_id(res):
-    return {j["id"]: j for j in res.jobs}
+    return {j["id"]: j for j in res.job_dicts()}
 
 
 def test_fcfs_completion_times_exact(truth, node4):
@@ -119,7 +119,7 @@ def test_noise_changes_what_the_policy_sees_not_the_truth(truth, node4):
     trace = [job("A", 0, 1000, 4), job("B", 10, 100, 2), job("C", 20, 200, 2)]
     plain = Simulator(node4, trace, FCFSPolicy(estimator=truth), truth=truth).run()
     perturbed = Simulator(node4, trace, FCFSPolicy(estimator=noisy), truth=truth).run()
-    assert [j["finish"] for j in plain.jobs] == [j["finish"] for j in perturbed.jobs]  # FCFS ignores speeds
+    assert [j.finish for j in plain.jobs] == [j.finish for j in perturbed.jobs]  # FCFS ignores speeds
     arch = trace[0].to_job().arch
     spec = node4.catalog["a100-40gb"]
     from arena_opt.perf.estimator import GridShape

@@ -9,7 +9,7 @@ from arena_opt.policies import REGISTRY
 from arena_opt.cluster import load_cluster
 from arena_opt.sim import SimOptions, simulate
 from arena_opt.sim.gen import GenOptions, generate
-from arena_opt.sim.metrics import Timeline, compute
+from arena_opt.metrics import Timeline, compute
 
 MODELS = ("gpt-350M", "bert-760M", "moe-690M")
 
@@ -61,23 +61,24 @@ def test_invariants(policy, seed, cluster, estimator):
         assert all(b <= a + 1e-9 for a, b in zip(xs, xs[1:])), f"{jid}: remaining went up: {xs}"
 
     # run to completion: every job finished, nothing left, and the run ends with the last one
+    jobs = res.job_dicts()
     assert not res.stalled
-    assert all(j["status"] == "done" and j["remaining"] == 0 for j in res.jobs)
-    assert res.end == max(j["finish"] for j in res.jobs)
+    assert all(j["status"] == "done" and j["remaining"] == 0 for j in jobs)
+    assert res.end == max(j["finish"] for j in jobs)
 
     # busy GPU-seconds of the cluster timeline == the sum of every job's allocation over time
     tl = Timeline(res.timeline)
     busy = tl.integral("alloc_gpus", res.origin, res.end)
-    assert busy == pytest.approx(sum(j["gpu_seconds"] for j in res.jobs), rel=1e-9)
+    assert busy == pytest.approx(sum(j["gpu_seconds"] for j in jobs), rel=1e-9)
     productive = tl.integral("productive_gpus", res.origin, res.end)
-    assert productive == pytest.approx(sum(j["productive_gpu_seconds"] for j in res.jobs), rel=1e-9)
+    assert productive == pytest.approx(sum(j["productive_gpu_seconds"] for j in jobs), rel=1e-9)
     # and the throughput integral is exactly the work of the trace
     samples = tl.integral("throughput", res.origin, res.end)
-    assert samples == pytest.approx(sum(j["iterations"] * j["batch_size"] for j in res.jobs), rel=1e-6)
+    assert samples == pytest.approx(sum(j["iterations"] * j["batch_size"] for j in jobs), rel=1e-6)
 
     # no job finishes sooner than alone on its fastest grid (the bound reported as avg_jct_bound_s);
     # its time spent waiting covers at least the queue before its first start, and at most its JCT
-    for j in res.jobs:
+    for j in jobs:
         assert j["first_start"] - j["submit"] - 1e-9 <= j["waited_s"] <= j["finish"] - j["submit"] + 1e-9
         alone = j["iterations"] * j["batch_size"] / j["best_throughput"]
         assert j["finish"] - j["submit"] >= alone * (1 - 1e-9), j["id"]
@@ -111,7 +112,7 @@ def test_skipping_quiet_rounds_changes_nothing(policy, cluster, estimator):
     events = run(cluster, estimator, trace, policy, replan="events")
     every = run(cluster, estimator, trace, policy, replan="every-tick")
     assert len(every.decisions) > len(events.decisions)
-    for a, b in zip(events.jobs, every.jobs):
+    for a, b in zip(events.job_dicts(), every.job_dicts()):
         assert a["finish"] == pytest.approx(b["finish"], rel=1e-12), a["id"]
 
 
@@ -122,5 +123,5 @@ def test_arena_greedy_search_paths_stay_feasible(seed, cluster, estimator):
     trace = generate(cluster, GenOptions(jobs=30, seed=seed, load=3.0, models=MODELS, batch_sizes=(128,),
                                          duration_median_s=1800, burst_mean=4.0), estimator)
     res = run(cluster, estimator, trace, "arena-greedy")
-    assert all(j["status"] == "done" for j in res.jobs)
-    assert sum(j["reconfigs"] for j in res.jobs) > 0
+    assert all(j.status == "done" for j in res.jobs)
+    assert sum(j.reconfigs for j in res.jobs) > 0

@@ -20,7 +20,9 @@ import heapq
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
+
+from pydantic import Field
 
 from arena_opt.decision import Decision
 from arena_opt.feasibility import InfeasibleDecision, check_decision
@@ -28,7 +30,8 @@ from arena_opt.perf.estimator import GridShape, PerfEstimator
 from arena_opt.policies.base import Policy
 from arena_opt.policies.common import GridCache, requested_grid
 from arena_opt.reconfig import PRESETS, ReconfigModel
-from arena_opt.sim.state import DONE, FUTURE, REJECTED, RUNNING, WAITING, SimJob
+from arena_opt.record import NOT_ARRIVED, REJECTED, RUNNING, WAITING, JobRecord, Recorder, RunRecord, model_name
+from arena_opt.sim.state import SimJob
 from arena_opt.trace import TraceJob
 from arena_opt.snapshot import ClusterSnapshot, RunningState
 
@@ -58,21 +61,10 @@ class SimOptions:
             raise ValueError("rounds must be >= 1")
 
 
-@dataclass
-class SimResult:
-    policy: str
-    options: dict
-    origin: float
-    end: float
-    total_gpus: int
-    jobs: list[dict]
-    timeline: dict[str, list[float]]
-    decisions: list[dict]
-    stalled: bool
-    wall_s: float
-    cpu_s: float = 0.0  # CPU time of this process: on a shared machine, closer to what an idle one takes
-    decision_log: list | None = None
-    policy_options: dict | None = None  # the options the policy ran with (its options model as JSON)
+class SimResult(RunRecord):
+    """The run record of a simulation, with the applied allocations when asked for (tests)."""
+
+    decision_log: list[Any] | None = Field(None, exclude=True)
 
 
 class Simulator:
@@ -95,8 +87,8 @@ class Simulator:
         self.truth_grids.bind(cluster)
         self._rate_cache: dict[tuple, float | None] = {}
         order = sorted(range(len(trace)), key=lambda i: (trace[i].submit_time, i))
-        self.jobs = [SimJob(index=k, spec=trace[i].to_job(), total=trace[i].iterations, submit=trace[i].submit_time,
-                            deadline=trace[i].deadline, batch=trace[i].batch_size) for k, i in enumerate(order)]
+        self.jobs = [SimJob(index=k, spec=trace[i].to_job(), total=trace[i].iterations, batch=trace[i].batch_size,
+                            rec=_job_record(trace[i])) for k, i in enumerate(order)]
         self.by_id = {sj.spec.id: sj for sj in self.jobs}
         self.every_tick = self.opt.replan == "every-tick"
 
@@ -106,19 +98,17 @@ class Simulator:
         opt = self.opt
         self.heap: list[tuple] = []
         self.seq = 0
+        origin = self.jobs[0].rec.submit
+        self.rec = Recorder(SimResult(policy=self.policy.name, options=_options_dict(opt), origin=origin,
+                                      interval_s=opt.interval_s, total_gpus=self.total_gpus,
+                                      policy_options=self.policy.options.model_dump(mode="json")))
         for sj in self.jobs:
-            self._push(sj.submit, ARRIVAL, sj.index, 0)
-        origin = self.jobs[0].submit
+            self.rec.add_job(sj.rec)
+            self._push(sj.rec.submit, ARRIVAL, sj.index, 0)
         end = origin + opt.rounds * opt.interval_s if opt.rounds else math.inf
         self.t = origin
         self.active: dict[int, SimJob] = {}  # arrived and not finished, by submission order
-        self.n_waiting = self.n_running = 0
-        self.alloc_gpus = self.productive_gpus = 0
-        self.thr_total = self.norm_sum = 0.0
-        self.timeline: dict[str, list[float]] = {k: [] for k in
-                                                 ("t", "throughput", "alloc_gpus", "productive_gpus", "waiting",
-                                                  "running", "norm_sum")}
-        self.decisions: list[dict] = []
+        self.decisions: list[dict] = self.rec.record.decisions
         self.decision_log: list | None = [] if opt.record_decisions else None
         self.finished = 0
         k_last = -1
@@ -143,29 +133,29 @@ class Simulator:
                     continue  # superseded by a later decision
                 if changed:
                     dirty_t = ev[0] if dirty_t is None else dirty_t
-                self._record()
+                self.rec.sample(self.t)
             else:
                 self.t = tt
                 self._tick(tt)
                 k_last = k
                 dirty_t = None
-                self._record()
+                self.rec.sample(self.t)
                 if self.progress:
                     self.progress(tt, self.finished, len(self.jobs))
-                if self.n_running == 0 and not any(e[1] == ARRIVAL for e in self.heap):
+                if self.rec.running == 0 and not any(e[1] == ARRIVAL for e in self.heap):
                     break  # idle cluster, no arrivals to come: nothing can change any more
         final = end if end < math.inf else self.t
         for sj in self.active.values():
-            sj.sync(final)
+            self._sync(sj, final)
         self.t = final
-        self._record()
-        stalled = opt.rounds is None and any(sj.status == WAITING for sj in self.active.values())
-        return SimResult(policy=self.policy.name, options=_options_dict(opt), origin=origin, end=final,
-                         total_gpus=self.total_gpus, jobs=[self._job_record(sj) for sj in self.jobs],
-                         timeline=self.timeline, decisions=self.decisions, stalled=stalled,
-                         wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0,
-                         decision_log=self.decision_log,
-                         policy_options=self.policy.options.model_dump(mode="json"))
+        for sj in self.jobs:
+            r = sj.rec
+            r.remaining = float(sj.total) if r.status in (NOT_ARRIVED, REJECTED) else max(0.0, sj.remaining)
+        stalled = opt.rounds is None and any(sj.rec.status == WAITING for sj in self.active.values())
+        res = self.rec.close(final, stalled=stalled, wall_s=time.perf_counter() - wall0,
+                             cpu_s=time.process_time() - cpu0)
+        res.decision_log = self.decision_log
+        return res
 
     def _push(self, t: float, kind: int, index: int, version: int) -> None:
         self.seq += 1
@@ -176,7 +166,7 @@ class Simulator:
         decision superseded it."""
         t, kind, _, index, version = ev
         sj = self.jobs[index]
-        if kind != ARRIVAL and (version != sj.version or sj.status != RUNNING):
+        if kind != ARRIVAL and (version != sj.version or sj.rec.status != RUNNING):
             return None
         self.t = t
         if kind == ARRIVAL:
@@ -184,34 +174,29 @@ class Simulator:
         if kind == COMPLETION:
             self._complete(sj, t)
             return True
-        sj.sync(t)
-        self._set_productive(sj, True)
+        self._sync(sj, t)
+        self.rec.ready(t, sj.rec, sj.throughput)
         return self.opt.replan_on_ready
 
     def _arrive(self, sj: SimJob, t: float) -> bool:
         options = self.truth_grids.options(sj.spec)
         if not options:
-            sj.status = REJECTED
-            sj.reject_reason = "no feasible grid on this cluster (truth)"
+            self.rec.reject(t, sj.rec, "no feasible grid on this cluster (truth)")
             return False
         ref = requested_grid(sj.spec, options)
-        sj.ref_throughput = ref.throughput
-        sj.best_throughput = max(g.throughput for g in options.values())
-        sj.status = WAITING
-        sj.wait_since = t
+        sj.rec.ref_throughput = ref.throughput
+        sj.rec.best_throughput = max(g.throughput for g in options.values())
+        self.rec.submit(t, sj.rec)
         sj.remaining = float(sj.total)
         sj.synced_at = t
         self.active[sj.index] = sj
-        self.n_waiting += 1
         return True
 
     def _complete(self, sj: SimJob, t: float) -> None:
-        sj.sync(t)
+        self._sync(sj, t)
+        self.rec.finish(t, sj.rec)
         self._release(sj)
         sj.remaining = 0.0
-        sj.status = DONE
-        sj.finish = t
-        self.n_running -= 1
         del self.active[sj.index]
         self.finished += 1
 
@@ -219,16 +204,17 @@ class Simulator:
     def _tick(self, t: float) -> None:
         jobs = []
         for sj in self.active.values():
-            if sj.status == RUNNING:
-                sj.sync(t)
+            running = sj.rec.status == RUNNING
+            if running:
+                self._sync(sj, t)
                 if sj.running_state is None or sj.snap_version != sj.version:
                     sj.running_state = RunningState.model_construct(gpu_type=sj.gpu_type, placement=sj.placement,
                                                                     plan=sj.plan, since=sj.since)
             sj.snap_version = sj.version
             jobs.append(_copy(sj.spec, {"remaining_iterations": min(float(sj.total), max(0.0, sj.remaining)),
-                                        "running": sj.running_state if sj.status == RUNNING else None,
-                                        "attained_service_s": sj.gpu_seconds,
-                                        "waited_s": sj.waited + (t - sj.wait_since if sj.status == WAITING else 0.0)}))
+                                        "running": sj.running_state if running else None,
+                                        "attained_service_s": sj.rec.gpu_seconds,
+                                        "waited_s": sj.rec.waited_until(t)}))
         snap = ClusterSnapshot.model_construct(version=1, time=t, gpu_catalog=self.cluster.gpu_catalog,
                                                nodes=self.cluster.nodes, jobs=jobs)
         w0, c0 = time.perf_counter(), time.process_time()
@@ -252,7 +238,7 @@ class Simulator:
 
         for d in decision.jobs:
             sj = self.by_id[d.job_id]
-            running = sj.status == RUNNING
+            running = sj.rec.status == RUNNING
             if d.action in ("wait", "start") and running:
                 raise error(d, f"action {d.action!r} for a running job")
             if d.action in ("keep", "reshape", "migrate", "preempt") and not running:
@@ -275,43 +261,30 @@ class Simulator:
             if rate is None:
                 raise error(d, f"{d.gpu_type} {nodes}x{per_node} pp={d.plan.pp} is infeasible in the performance "
                                f"truth (out of memory or not in the table)")
-            resumed = running or sj.starts > 0
+            resumed = running or sj.rec.starts > 0
             delay = self.opt.reconfig.delay_s(sj.spec.arch, d.num_gpus, resumed=resumed)
             todo.append((sj, d, (placement, rate), delay))
         # all releases first: a decision may hand one job's GPUs to another
         for sj, d, _, _ in todo:
-            if sj.status == RUNNING:
-                self._release(sj)
+            if sj.rec.status == RUNNING:
                 if d.action == "preempt":
-                    sj.status = WAITING
-                    sj.wait_since = t
-                    sj.preemptions += 1
-                    self.n_running -= 1
-                    self.n_waiting += 1
+                    self.rec.preempt(t, sj.rec)
+                else:
+                    self.rec.reconfigure(t, sj.rec, d.num_gpus, action=d.action, gpu_type=d.gpu_type)
+                self._release(sj)
         for sj, d, alloc, delay in todo:
             if alloc is None:
                 continue
             placement, rate = alloc
             if d.action == "start":
-                if sj.starts > 0:
-                    sj.reconfigs += 1
-                else:
-                    sj.first_start = t
-                sj.starts += 1
-                sj.waited += t - sj.wait_since
-                sj.status = RUNNING
-                self.n_waiting -= 1
-                self.n_running += 1
-            else:
-                sj.reconfigs += 1
+                self.rec.start(t, sj.rec, d.num_gpus, gpu_type=d.gpu_type)
             sj.gpu_type, sj.placement, sj.plan, sj.num_gpus, sj.rate = d.gpu_type, placement, d.plan, d.num_gpus, rate
             sj.since = t
             sj.synced_at = t
             sj.ready_at = t + delay
             sj.version += 1
-            self.alloc_gpus += sj.num_gpus
             if delay <= 0:
-                self._set_productive(sj, True)
+                self.rec.ready(t, sj.rec, sj.throughput)
             else:
                 self._push(sj.ready_at, READY, sj.index, sj.version)
             self._push(sj.completion_time(), COMPLETION, sj.index, sj.version)
@@ -319,7 +292,7 @@ class Simulator:
             self.decision_log.append({
                 "t": t,
                 "alloc": {sj.spec.id: (sj.gpu_type, {n: list(g) for n, g in sj.placement.items()})
-                          for sj in self.active.values() if sj.status == RUNNING},
+                          for sj in self.active.values() if sj.rec.status == RUNNING},
                 "remaining": {sj.spec.id: sj.remaining for sj in self.active.values()}})
         return len(todo)
 
@@ -333,45 +306,21 @@ class Simulator:
             self._rate_cache[key] = None if plans.proxy is None else 1.0 / plans.proxy.iter_time_s
         return self._rate_cache[key]
 
-    def _set_productive(self, sj: SimJob, on: bool) -> None:
-        if sj.productive == on:
-            return
-        sign = 1 if on else -1
-        sj.productive = on
-        self.thr_total += sign * sj.throughput
-        self.norm_sum += sign * sj.throughput / sj.ref_throughput
-        self.productive_gpus += sign * sj.num_gpus
+    def _sync(self, sj: SimJob, t: float) -> None:
+        self.rec.advance(t, sj.rec)
+        sj.sync(t)
 
     def _release(self, sj: SimJob) -> None:
-        self._set_productive(sj, False)
-        self.alloc_gpus -= sj.num_gpus
+        """The job's allocation is gone (the record has released its GPUs already)."""
         sj.placement = {}
         sj.gpu_type, sj.plan, sj.num_gpus, sj.rate = None, None, 0, 0.0
         sj.version += 1
 
-    def _record(self) -> None:
-        tl = self.timeline
-        tl["t"].append(self.t)
-        tl["throughput"].append(max(0.0, self.thr_total))
-        tl["alloc_gpus"].append(self.alloc_gpus)
-        tl["productive_gpus"].append(self.productive_gpus)
-        tl["waiting"].append(self.n_waiting)
-        tl["running"].append(self.n_running)
-        tl["norm_sum"].append(max(0.0, self.norm_sum))
 
-    def _job_record(self, sj: SimJob) -> dict:
-        return {
-            "id": sj.spec.id, "model": sj.spec.model, "batch_size": sj.batch, "iterations": sj.total,
-            "submit": sj.submit, "deadline": sj.deadline, "status": sj.status if sj.status != FUTURE else "not_arrived",
-            "first_start": sj.first_start, "finish": sj.finish,
-            "remaining": max(0.0, sj.remaining) if sj.status not in (FUTURE, REJECTED) else float(sj.total),
-            "starts": sj.starts, "reconfigs": sj.reconfigs, "preemptions": sj.preemptions,
-            "gpu_seconds": sj.gpu_seconds, "productive_gpu_seconds": sj.productive_gpu_seconds,
-            "restart_seconds": sj.restart_seconds, "ref_throughput": sj.ref_throughput,
-            "best_throughput": sj.best_throughput, "waited_s": sj.waited,
-            "requested_gpu_type": sj.spec.requested_gpu_type, "requested_num_gpus": sj.spec.requested_num_gpus,
-            "reject_reason": sj.reject_reason,
-        }
+def _job_record(tj: TraceJob) -> JobRecord:
+    return JobRecord(id=tj.id, model=model_name(tj.model), batch_size=tj.batch_size, iterations=tj.iterations,
+                     submit=tj.submit_time, deadline=tj.deadline, requested_gpu_type=tj.gpu_type,
+                     requested_num_gpus=tj.num_gpus)
 
 
 def _copy(model, update: dict):

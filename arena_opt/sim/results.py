@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from arena_opt.sim.engine import SimResult
-from arena_opt.sim.metrics import compute, round_series
+from arena_opt.metrics import compute, round_series
+from arena_opt.record import RunRecord
 
 
-def result_dict(res: SimResult, config: dict) -> dict:
+def result_dict(res: RunRecord, config: dict) -> dict:
     out = compute(res)
     out["config"] = config
     out["policy_options"] = res.policy_options
     out["series"] = round_series(res)
     out["decisions"] = res.decisions
-    out["job_records"] = res.jobs
+    out["job_records"] = res.job_dicts()
+    out["events"] = res.event_dicts()
     return out
 
 

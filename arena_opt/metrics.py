@@ -1,10 +1,11 @@
-"""Metrics of one simulation, computed from the per-job records and the piecewise-constant timeline."""
+"""Metrics of one run, simulated or live, computed from its RunRecord (arena_opt/record.py): the per-job
+records and the cluster's piecewise-constant timeline."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from arena_opt.sim.engine import SimResult
+from arena_opt.record import DONE, FAILED, NOT_ARRIVED, REJECTED, RUNNING, WAITING, RunRecord
 
 # Arena's artifact averages cluster throughput over the rounds whose throughput exceeds this (samples/s)
 ARTIFACT_BUSY_ROUND_THR = 100.0
@@ -33,10 +34,10 @@ class Timeline:
         return cum[i] + v[i] * np.maximum(x - t[i], 0.0)
 
 
-def _edges(res: SimResult, max_bins: int | None = None) -> np.ndarray:
+def _edges(res: RunRecord, max_bins: int | None = None) -> np.ndarray:
     """Round boundaries origin + k * interval (the last round may be cut short by the end); with
     `max_bins`, consecutive rounds are merged into at most that many bins."""
-    interval = float(res.options["interval_s"])
+    interval = float(res.interval_s)
     n = max(1, int(np.ceil((res.end - res.origin) / interval - 1e-9)))
     if max_bins is not None and n > max_bins:
         k = int(np.ceil(n / max_bins))
@@ -55,29 +56,28 @@ def _mean(x: np.ndarray) -> float | None:
     return float(np.mean(x)) if len(x) else None
 
 
-def compute(res: SimResult) -> dict:
+def compute(res: RunRecord) -> dict:
     jobs = res.jobs
-    interval = float(res.options["interval_s"])
+    interval = float(res.interval_s)
     span = max(res.end - res.origin, 1e-9)
     tl = Timeline(res.timeline)
 
-    done = [j for j in jobs if j["status"] == "done"]
-    started = [j for j in jobs if j["first_start"] is not None]
-    jct = np.array([j["finish"] - j["submit"] for j in done])
-    queue = np.array([j["first_start"] - j["submit"] for j in started])
-    ideal = np.array([j["iterations"] * j["batch_size"] / j["ref_throughput"] for j in done])
+    done = [j for j in jobs if j.status == DONE]
+    started = [j for j in jobs if j.first_start is not None]
+    jct = np.array([j.finish - j.submit for j in done])
+    queue = np.array([j.first_start - j.submit for j in started])
+    ideal = np.array([j.iterations * j.batch_size / j.ref_throughput for j in done])
     ftf = jct / ideal if len(done) else np.array([])
     # each job alone on the cluster, on its fastest grid from submission, never restarted: no policy
     # can finish a job sooner (within the grids' GPU limit), so no average JCT can be lower
     # (a live run of real jobs knows no such truth: no bound then)
-    alone = np.array([j["iterations"] * j["batch_size"] / j["best_throughput"] for j in done
-                      if j.get("best_throughput")])
+    alone = np.array([j.iterations * j.batch_size / j.best_throughput for j in done if j.best_throughput])
     alone = alone if len(alone) == len(done) else np.array([])
 
-    with_ddl = [j for j in jobs if j["deadline"] is not None and j["status"] not in ("rejected", "not_arrived")]
-    met = sum(1 for j in with_ddl if j["finish"] is not None and j["finish"] <= j["deadline"] + 1e-6)
-    missed = sum(1 for j in with_ddl if (j["finish"] is not None and j["finish"] > j["deadline"] + 1e-6)
-                 or (j["finish"] is None and j["deadline"] < res.end))
+    with_ddl = [j for j in jobs if j.deadline is not None and j.status not in (REJECTED, NOT_ARRIVED)]
+    met = sum(1 for j in with_ddl if j.finish is not None and j.finish <= j.deadline + 1e-6)
+    missed = sum(1 for j in with_ddl if (j.finish is not None and j.finish > j.deadline + 1e-6)
+                 or (j.finish is None and j.deadline < res.end))
 
     round_thr = tl.bin_means("throughput", _edges(res))
     busy = round_thr[round_thr > ARTIFACT_BUSY_ROUND_THR]
@@ -89,16 +89,19 @@ def compute(res: SimResult) -> dict:
     avg_norm = float((seg * norm_t[:-1]).sum() / busy_time) if busy_time > 0 else None
 
     dec_wall = np.array([d["wall_s"] for d in res.decisions])
-    reconf = np.array([j["reconfigs"] for j in started])
-    pre = np.array([j["preemptions"] for j in started])
-    finishes = [j["finish"] for j in done]
+    reconf = np.array([j.reconfigs for j in started])
+    pre = np.array([j.preemptions for j in started])
+    crashes = np.array([j.crashes for j in started])
+    finishes = [j.finish for j in done]
     return {
         "policy": res.policy,
         "jobs": len(jobs),
         "finished": len(done),
-        "unfinished": sum(1 for j in jobs if j["status"] in ("waiting", "running")),
-        "rejected": sum(1 for j in jobs if j["status"] == "rejected"),
-        "not_arrived": sum(1 for j in jobs if j["status"] == "not_arrived"),
+        "unfinished": sum(1 for j in jobs if j.status in (WAITING, RUNNING)),
+        "rejected": sum(1 for j in jobs if j.status == REJECTED),
+        "not_arrived": sum(1 for j in jobs if j.status == NOT_ARRIVED),
+        "failed": sum(1 for j in jobs if j.status == FAILED),
+        "failed_jobs": {j.id: j.reject_reason for j in jobs if j.status == FAILED},
         "stalled": res.stalled,
         "avg_jct_s": _mean(jct),
         "median_jct_s": _pct(jct, 50),
@@ -120,6 +123,7 @@ def compute(res: SimResult) -> dict:
         "avg_queue_len": tl.integral("waiting", res.origin, res.end) / span,
         "reconfigs_per_job": _mean(reconf),
         "preemptions_per_job": _mean(pre),
+        "crashes_per_job": _mean(crashes),
         "deadline_jobs": met + missed,
         "deadline_met": met,
         "deadline_satisfaction": met / (met + missed) if met + missed else None,
@@ -137,7 +141,7 @@ def compute(res: SimResult) -> dict:
     }
 
 
-def round_series(res: SimResult, max_bins: int = 3000) -> dict[str, list[float]]:
+def round_series(res: RunRecord, max_bins: int = 3000) -> dict[str, list[float]]:
     """Per scheduling interval (merged into at most `max_bins` bins for long runs): mean throughput,
     queue length, running jobs and GPU utilization."""
     tl = Timeline(res.timeline)
