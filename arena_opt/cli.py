@@ -18,7 +18,7 @@ PRESETS = {
     "large": ({"a100": (80, 4), "v100": (20, 16), "a40": (160, 2), "a10": (160, 2)}, 150),
 }
 # subcommands other modules contribute: module with register(subparsers)
-PLUGINS = ["arena_opt.sim.cli", "arena_opt.profiling.cli", "runners.cli"]
+PLUGINS = ["arena_opt.sim.cli", "arena_opt.profiling.cli", "runners.cli", "runners.slurm_cli"]
 
 
 def _parse_cluster(text: str) -> dict[str, tuple[int, int]]:

@@ -25,11 +25,28 @@ class Node(_Strict):
     intra_link: Literal["nvlink", "pcie"] | None = Field(
         None, description="GPU-to-GPU link inside the node; None = NVLink when the GPU has it")
     rack: str | None = None
+    gpu_ids: list[NonNegativeInt] | None = Field(
+        None, description="device index of each of the node's GPUs, by GPU index (placement indices are "
+                          "0..num_gpus-1); set where the node has more devices than it offers, e.g. a Slurm "
+                          "node whose other GPUs hold jobs that are not scheduled here; None = 0..num_gpus-1")
 
     @field_validator("gpu_type")
     @classmethod
     def _canon(cls, v: str) -> str:
         return canonical_gpu(v)
+
+    @model_validator(mode="after")
+    def _check_ids(self) -> "Node":
+        if self.gpu_ids is not None:
+            if len(self.gpu_ids) != self.num_gpus:
+                raise ValueError(f"gpu_ids lists {len(self.gpu_ids)} devices but num_gpus is {self.num_gpus}")
+            if len(set(self.gpu_ids)) != len(self.gpu_ids):
+                raise ValueError(f"gpu_ids has a repeated device: {self.gpu_ids}")
+        return self
+
+    def device(self, gpu: int) -> int:
+        """Device index of GPU index `gpu`."""
+        return self.gpu_ids[gpu] if self.gpu_ids is not None else gpu
 
 
 class RunningState(_Strict):
@@ -108,6 +125,9 @@ class ClusterSnapshot(_Strict):
                                             description="entries that add to or replace the built-in catalog")
     nodes: list[Node]
     jobs: list[Job] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list,
+                             description="what the snapshot's source left out and why (nodes down or drained, "
+                                         "jobs without training metadata held as fixed occupants)")
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSnapshot":
