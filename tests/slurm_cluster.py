@@ -151,8 +151,8 @@ class SlurmCluster:
 
     def run(self, *argv: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         # cwd: a job's default output file (slurm-ID.out) goes to the directory it was submitted from
-        return subprocess.run([_exe(argv[0]), *argv[1:]], env=self.env, capture_output=True, text=True, cwd=self.root,
-                              check=check, input=input, timeout=60)
+        return subprocess.run([_exe(argv[0]), *argv[1:]], env=self.env, capture_output=True, text=True,
+                              cwd=self.root, check=check, input=input, timeout=60)
 
     def node_states(self) -> dict[str, str]:
         out = self.run("sinfo", "-h", "-N", "-o", "%N %T").stdout.split()
