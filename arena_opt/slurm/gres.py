@@ -61,13 +61,11 @@ def expand_hostlist(text: str) -> list[str]:
     return out
 
 
-def _split_top(text: str) -> list[str]:
+def _split_top(text: str, brackets: str = "[]") -> list[str]:
+    """Split at commas outside brackets (`n[1-2],m` / `gpu:a100:4(S:0-1),nvme:1`)."""
     parts, depth, cur = [], 0, ""
     for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
+        depth += (ch == brackets[0]) - (ch == brackets[1])
         if ch == "," and depth == 0:
             parts.append(cur)
             cur = ""
@@ -110,7 +108,7 @@ def parse_gres(text: str | None) -> list[Gres]:
     if text in ("", "(null)", "N/A"):
         return []
     out = []
-    for part in _split_gres(text):
+    for part in [p for p in _split_top(text, "()") if p.strip()]:
         m = _GRES.match(part.strip())
         if m is None:
             raise ValueError(f"cannot read GRES {part!r}")
@@ -126,21 +124,6 @@ def parse_gres(text: str | None) -> list[Gres]:
                     idx = tuple(parse_index_list(v))
         out.append(Gres(name, typ, n, idx))
     return out
-
-
-def _split_gres(text: str) -> list[str]:
-    # commas inside (S:0-1) or (IDX:0,2) do not separate entries
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return [p for p in parts if p.strip()]
 
 
 def _count(text: str) -> int:

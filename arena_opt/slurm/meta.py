@@ -17,6 +17,7 @@ import json
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError,
                       field_validator, model_validator)
 
+from arena_opt.io import format_validation_error
 from arena_opt.plan import Plan
 from models.catalog import ARCHITECTURES, arena_model_name
 
@@ -73,9 +74,7 @@ def parse_meta(comment: str) -> ArenaMeta:
     try:
         return ArenaMeta.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        raise MetaError(f"comment field {loc}: {err['msg']} (value {err.get('input')!r})") from None
+        raise MetaError(format_validation_error("comment", e, limit=1)) from None
 
 
 def format_meta(meta: ArenaMeta) -> str:
