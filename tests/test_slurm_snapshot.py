@@ -14,7 +14,7 @@ import pytest
 from arena_opt.cli import main
 from arena_opt.errors import InputError
 from arena_opt.feasibility import check_decision
-from arena_opt.policies import get_policy
+from arena_opt.policies import make_policy
 from arena_opt.slurm.gres import GpuMap, expand_hostlist, parse_gres, parse_index_list
 from arena_opt.slurm.jsonfmt import parse_jobs, parse_nodes
 from arena_opt.slurm.snapshot import build_snapshot
@@ -70,8 +70,7 @@ def test_later_dialects_give_the_same_snapshot(nodes, jobs):
 @pytest.mark.parametrize("policy", ["arena", "fcfs", "gavel", "sia", "elasticflow", "arena-greedy"])
 def test_no_policy_places_on_a_fixed_occupant(policy):
     snap = snapshot_of(*DIALECTS[0])
-    opts = {"options": {"time_limit_s": 5}} if policy == "arena" else {}
-    decision = get_policy(policy, **opts).decide(snap)
+    decision = make_policy(policy, {"time_limit_s": 5} if policy == "arena" else None).decide(snap)
     check_decision(snap, decision)
     nodes = {n.id: n for n in snap.nodes}
     used = [(nid, nodes[nid].device(g)) for d in decision.jobs for nid, gs in d.placement.items() for g in gs]
