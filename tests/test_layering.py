@@ -293,6 +293,6 @@ def test_checker_passes_a_clean_tree_and_checks_packages():
 
 @pytest.mark.parametrize("module, layer", [("models.layers", "models"), ("arena_opt", "core"),
                                            ("arena_opt.sim.engine", "sim"), ("runners.live", "runners"),
-                                           ("arena_opt.profiling.db", "profiling"), ("runners.cli", "cli")])
+                                           ("arena_opt.profiling.layers", "profiling"), ("runners.cli", "cli")])
 def test_layer_of(module, layer):
     assert layer_of(module) == layer
