@@ -6,8 +6,9 @@
 neither each other). Layers, by module name:
 
 - models:    `models`, `models.*`
-- cli:       every module named `cli` (`arena_opt.cli`, `arena_opt.sim.cli`, `arena_opt.profiling.cli`,
-             `runners.cli`): the command lines, which may import everything
+- cli:       every module named `cli` or `*_cli` (`arena_opt.cli`, `arena_opt.sim.cli`,
+             `arena_opt.profiling.cli`, `runners.cli`, `runners.slurm_cli`): the command lines, which may
+             import everything; every plugin `arena_opt.cli.PLUGINS` names must be one
 - sim:       `arena_opt.sim`, `arena_opt.sim.*`
 - runners:   `runners`, `runners.*`
 - profiling: `arena_opt.profiling`, `arena_opt.profiling.*`
@@ -40,7 +41,7 @@ def layer_of(module: str) -> str:
     parts = module.split(".")
     if parts[0] == "models":
         return "models"
-    if parts[-1] == "cli":
+    if parts[-1] == "cli" or parts[-1].endswith("_cli"):
         return "cli"
     if parts[0] == "runners":
         return "runners"
@@ -218,7 +219,8 @@ def check(sources: dict[str, str]) -> list[str]:
 
 
 def tree_sources() -> dict[str, str]:
-    return {p.relative_to(ROOT).as_posix(): p.read_text() for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+    return {p.relative_to(ROOT).as_posix(): p.read_text()
+            for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
 def test_imports_follow_the_order_and_form_no_cycle():
@@ -230,8 +232,13 @@ def test_imports_follow_the_order_and_form_no_cycle():
 
 def test_every_module_has_a_layer():
     layers = {module_name(p): layer_of(module_name(p)) for p in tree_sources()}
-    assert {m for m, layer in layers.items() if layer == "cli"} == {
-        "arena_opt.cli", "arena_opt.sim.cli", "arena_opt.profiling.cli", "runners.cli"}
+    cli = {m for m, layer in layers.items() if layer == "cli"}
+    assert {"arena_opt.cli", "arena_opt.sim.cli", "arena_opt.profiling.cli", "runners.cli"} <= cli
+    # the modules the CLI loads by name are command lines themselves, and nothing else is
+    tree = ast.parse((ROOT / "arena_opt" / "cli.py").read_text())
+    plugins = next(ast.literal_eval(n.value) for n in tree.body
+                   if isinstance(n, ast.Assign) and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["PLUGINS"])
+    assert cli == {"arena_opt.cli", *plugins}
     assert set(layers.values()) == set(RANK)
     assert layers["arena_opt.perf.planner"] == layers["arena_opt.perf.sharing"] == "core"
 
@@ -269,7 +276,8 @@ def test_checker_finds_upward_sibling_string_and_cycle_imports():
     assert "models/bad.py:2: models.bad (models) imports arena_opt.core_mod (core)" in text
     assert "arena_opt/core_mod.py:2: arena_opt.core_mod (core) imports arena_opt.sim.engine (sim)" in text
     assert "arena_opt/sim/engine.py:3: arena_opt.sim.engine (sim) imports runners.run (runners)" in text
-    assert "arena_opt/policies/__init__.py:1: arena_opt.policies (core) imports arena_opt.profiling.m (profiling)" in text
+    assert ("arena_opt/policies/__init__.py:1: arena_opt.policies (core) imports arena_opt.profiling.m (profiling)"
+            in text)
     assert "runners/run.py:1: runners.run imports arena_opt.gone, which is no module of the tree" in text
     cyc = [p for p in problems if p.startswith("import cycle")]
     assert cyc == ["import cycle between files: arena_opt.sim.a -> arena_opt.sim.b -> arena_opt.sim.a "
@@ -291,8 +299,9 @@ def test_checker_passes_a_clean_tree_and_checks_packages():
         "arena_opt.cli.x runs it"]
 
 
-@pytest.mark.parametrize("module, layer", [("models.layers", "models"), ("arena_opt", "core"),
-                                           ("arena_opt.sim.engine", "sim"), ("runners.live", "runners"),
-                                           ("arena_opt.profiling.layers", "profiling"), ("runners.cli", "cli")])
+@pytest.mark.parametrize("module, layer", [
+    ("models.layers", "models"), ("arena_opt", "core"), ("arena_opt.slurm.apply", "core"),
+    ("arena_opt.sim.engine", "sim"), ("runners.live", "runners"), ("arena_opt.profiling.layers", "profiling"),
+    ("runners.cli", "cli"), ("runners.slurm_cli", "cli")])
 def test_layer_of(module, layer):
     assert layer_of(module) == layer
