@@ -139,7 +139,7 @@ class RunRecord(BaseModel):
     origin: float = 0.0
     end: float = 0.0
     options: dict[str, Any] = Field(default_factory=dict, description="the run's own options (simulator, live loop)")
-    policy_options: dict[str, Any] | None = Field(None, description="the options the policy ran with (its model as JSON)")
+    policy_options: dict[str, Any] | None = Field(None, description="the options the policy ran with (as JSON)")
     jobs: list[JobRecord] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
     timeline: dict[str, list[float]] = Field(default_factory=lambda: {k: [] for k in TIMELINE_KEYS})

@@ -152,11 +152,6 @@ class LiveLoop:
 
     def _round(self, t: float) -> None:
         self._apply_removals(t)
-        for j in self.jobs.values():
-            if not j.added and j.rec.submit <= t:
-                self.runner.add_job(j.spec)
-                j.added = True
-                self.recorder.submit(j.rec.submit, j.rec)
         obs = self._observe(t)
         self._feed_estimator()
         snap = self._snapshot(t, obs)
@@ -169,6 +164,7 @@ class LiveLoop:
         decision: Decision = self.policy.decide(snap)
         wall = time.perf_counter() - w0
         self._account_decision(t, decision, obs)
+        self.recorder.sample(t)  # the timeline changes with the decision, not at the next sample
         self.runner.apply(decision)
         acts = {a: sum(1 for d in decision.jobs if d.action == a) for a in
                 ("start", "keep", "reshape", "migrate", "preempt", "wait")}
@@ -203,21 +199,37 @@ class LiveLoop:
                 self.log(f"[{t:7.1f}s] node {node} left the cluster")
 
     def _observe(self, t: float) -> dict[str, ObservedJob]:
+        """Sample the runner: jobs whose submission has come are added, what it saw happen goes into
+        the record (decisions are accounted in _account_decision) and the timeline gets a point."""
+        for j in self.jobs.values():
+            if not j.added and j.rec.submit <= t:
+                self.runner.add_job(j.spec)
+                j.added = True
+                self.recorder.submit(j.rec.submit, j.rec)
         obs = {o.job_id: o for o in self.runner.status()}
+        self._record_finishes(t, obs)
         for jid, j in self.jobs.items():
             o = obs.get(jid)
             if o is not None:
                 j.last_obs = o
-                self._account_observed(t, jid, j, o)
+                self._account_observed(t, j, o)
         self.recorder.sample(t)
         return obs
 
-    def _account_observed(self, t: float, jid: str, j: _LiveJob, o: ObservedJob) -> None:
-        """What the runner saw happen, into the record (decisions are accounted in _account_decision)."""
+    def _record_finishes(self, t: float, obs: dict[str, ObservedJob]) -> None:
+        """Jobs the runner saw finish, at the time they exited (in order, each with its timeline point:
+        the GPUs they held count until then, in the job's record and in the cluster's timeline)."""
+        tl = self.recorder.record.timeline["t"]
+        last = tl[-1] if tl else 0.0
+        ended = sorted((min(t, max(last, self._finish_time(jid, t))), jid) for jid, o in obs.items()
+                       if o.state == "finished" and self.jobs[jid].rec.status in (RUNNING, WAITING))
+        for tf, jid in ended:
+            self.recorder.finish(tf, self.jobs[jid].rec)
+            self.recorder.sample(tf)
+
+    def _account_observed(self, t: float, j: _LiveJob, o: ObservedJob) -> None:
         r, rec = j.rec, self.recorder
-        if o.state == "finished" and r.status in (RUNNING, WAITING):
-            rec.finish(min(t, max(r.synced_at, self._finish_time(jid, t))), r)
-        elif o.state == "failed" and r.status in (RUNNING, WAITING):
+        if o.state == "failed" and r.status in (RUNNING, WAITING):
             rec.fail(t, r, o.message or "failed")
         elif r.status != RUNNING:
             return
@@ -321,10 +333,9 @@ class LiveLoop:
 
     def _finish(self, end: float) -> LiveResult:
         obs = {o.job_id: o for o in self.runner.status()}
+        self._record_finishes(end, obs)
         for jid, j in self.jobs.items():
             o, r = obs.get(jid), j.rec
-            if o is not None and o.state == "finished" and r.status in (RUNNING, WAITING):
-                self.recorder.finish(min(end, max(r.synced_at, self._finish_time(jid, end))), r)
             r.ref_throughput = self._ref_throughput(j)
             r.remaining = float(j.spec.total_steps - (o.step if o else 0))
             r.log_path = o.log_path if o else None
