@@ -100,9 +100,10 @@ def parallelize(arch: Arch, plan: Plan, device: torch.device, dp_mode: str = "dd
     if use_fsdp:
         from torch.distributed.fsdp import fully_shard
 
-        for layer in stack.layers.values():
+        for layer in [*stack.layers.values(), stack]:
+            # registered before fully_shard, so it runs before FSDP2's post-forward hook sees the output
+            layer.register_forward_hook(_own_storage)
             fully_shard(layer, mesh=mesh["dp"])
-        fully_shard(stack, mesh=mesh["dp"])
     elif plan.dp > 1:
         module = nn.parallel.DistributedDataParallel(
             stack, process_group=mesh["dp"].get_group(),
@@ -170,6 +171,15 @@ def _stage_examples(arch: Arch, layers: tuple[int, int], x: torch.Tensor, nm: in
            else torch.zeros(hidden, device=device, requires_grad=True))
     out_shape = (mb, arch.seq_len, arch.vocab) if last == len(layer_kinds(arch)) else hidden
     return {"input_args": inp, "output_args": torch.zeros(out_shape, device=device, requires_grad=True)}
+
+
+def _own_storage(module: nn.Module, args, output):
+    """A view output of an FSDP2-wrapped module (tensor-parallel embedding and head return one:
+    DTensor.to_local is a view) carries FSDP2's pre-backward hook on a tensor whose base an in-place op
+    could replace, silently skipping the all-gather in backward: hand FSDP2 a tensor of its own."""
+    if isinstance(output, torch.Tensor) and output._base is not None:
+        return output.clone()
+    return None
 
 
 def _sync(module: nn.Module, enabled: bool) -> None:
