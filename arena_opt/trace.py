@@ -35,6 +35,7 @@ from arena_opt.errors import InputError
 from arena_opt.gpus import BUILTIN_GPUS, GpuSpec, canonical_gpu
 from arena_opt.snapshot import Job
 from models.catalog import ARCHITECTURES, arena_model_name
+from arena_opt.io import atomic_write
 
 ARENA_COLUMNS = ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu",
                  "gpu_type")
@@ -176,8 +177,6 @@ def _read_csv(path: Path) -> list[tuple[int, dict]]:
 
 
 def write_trace(path: str | Path, jobs: list[TraceJob]) -> None:
-    with Path(path).open("w") as f:
-        for j in jobs:
-            f.write(json.dumps(j.model_dump(exclude_none=True, exclude_defaults=True) | {
-                "id": j.id, "submit_time": j.submit_time, "model": j.model, "batch_size": j.batch_size,
-                "iterations": j.iterations}) + "\n")
+    atomic_write(path, "".join(json.dumps(j.model_dump(exclude_none=True, exclude_defaults=True) | {
+        "id": j.id, "submit_time": j.submit_time, "model": j.model, "batch_size": j.batch_size,
+        "iterations": j.iterations}) + "\n" for j in jobs))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
 import platform
 import shlex
@@ -15,6 +14,7 @@ import numpy as np
 
 from arena_opt.gpus import canonical_gpu
 from models.catalog import arena_model_name
+from arena_opt.io import atomic_write, write_json  # noqa: E402
 
 
 def machine() -> dict:
@@ -66,8 +66,8 @@ def fmt_pct(x: float | None) -> str:
 def write(out_dir: Path, stem: str, payload: dict, markdown: str) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     jp, mp = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
-    jp.write_text(json.dumps(payload, indent=1, default=float) + "\n")
-    mp.write_text(markdown)
+    write_json(jp, payload, default=float)
+    atomic_write(mp, markdown)
     return jp, mp
 
 

@@ -36,6 +36,7 @@ from arena_opt.perf import calibrate as cal
 from arena_opt.perf.analytical import CostParams
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.perf.table import PerfTable, default_table_path
+from arena_opt.io import atomic_write  # noqa: E402
 
 # Arena's runs use Alpa's GShard MoE (dense einsum dispatch, expert group 2048: Arena's configs.py)
 ARENA_BASE = CostParams(moe_einsum_group=2048)
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     loo_planner = grouped(loo_obs, rel_errors(loo_obs, loo_plan))
     arena_ref = arena_reference(Path(path), obs)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "calibrated_params.json").write_text(full.params.model_dump_json(indent=1) + "\n")
+    atomic_write(args.out / "calibrated_params.json", full.params.model_dump_json(indent=1) + "\n")
 
     payload = {"command": command(), "git": git_rev(), "machine": machine(), "table": str(path),
                "seconds": time.perf_counter() - t_start, "rows": len(obs),

@@ -14,7 +14,6 @@ full per-policy results and plots go to results/bench-philly-<mode>/<name>/ (not
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 from _perf_common import philly_config
 from arena_opt.sim.bench import parse_policies, run_bench
 from arena_opt.sim.results import markdown_table
+from arena_opt.io import atomic_write, write_json  # noqa: E402
 
 # Artifact's own simulator on this setup, 500 rounds (finished jobs, avg JCT of finished jobs in s,
 # avg throughput in samples/s over rounds with > 100), as given in issue 3
@@ -109,8 +109,8 @@ def main(argv=None) -> int:
             md.append("")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
-    (out / f"{args.name}.md").write_text("\n".join(md) + "\n")
+    write_json(out / f"{args.name}.json", report)
+    atomic_write(out / f"{args.name}.md", "\n".join(md) + "\n")
     print("\n".join(md))
     return 0 if not any(m["failed"] for m in report["modes"].values()) else 1
 

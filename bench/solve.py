@@ -9,7 +9,6 @@ round (as a running scheduler has), then times `rounds` rounds. Writes solve.jso
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -22,6 +21,7 @@ from arena_opt.instances import ARENA_CLUSTER, generate_snapshot
 from arena_opt.milp.options import ArenaOptions
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.policies.arena import ArenaPolicy
+from arena_opt.io import atomic_write, write_json
 
 
 def scaled(factor: int) -> dict[str, tuple[int, int]]:
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(),
             "time_limit_s": args.time_limit, "mip_gap": ArenaOptions().mip_gap}
-    (out / "solve.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_json(out / "solve.json", {"meta": meta, "rows": rows})
     lines = [f"# Per-round solve time\n\nCommand: `{meta['command']}`  \nMachine: {meta['machine']}  \n"
              f"Time limit {args.time_limit} s, gap {meta['mip_gap']}, HiGHS 1 thread.\n",
              "| jobs | GPUs | shards | grids | first round s | median round s | max round s | build s | solve s | "
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         lines.append(f"| {r['jobs']} | {r['gpus']} | {r['shards']} | {r['grids']} | {r['first_round_s']:.2f} | "
                      f"{r['median_round_s']:.2f} | {r['max_round_s']:.2f} | {r['median_build_s']:.2f} | "
                      f"{r['median_solve_s']:.2f} | {r['status']} | {r['objective']:.2f} | {gap} | {vs} |")
-    (out / "solve.md").write_text("\n".join(lines) + "\n")
+    atomic_write(out / "solve.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

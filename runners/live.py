@@ -35,7 +35,7 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from arena_opt.decision import Decision
-from arena_opt.io import write_model
+from arena_opt.io import write_json, write_model
 from arena_opt.metrics import compute
 from arena_opt.policies.base import Policy
 from arena_opt.record import RUNNING, WAITING, JobRecord, Recorder, RunRecord, model_name
@@ -266,8 +266,8 @@ class LiveLoop:
             est.observe(m.model, m.gpu_type, j.est_base_s * self._factor(m.model, m.gpu_type), m.iter_time_s,
                         weight=self.opt.observe_weight)
         if est is not None:
-            (self.out / "corrections.json").write_text(json.dumps(
-                {f"{m}|{g}": f for (m, g), f in getattr(est, "correction", {}).items()}, indent=1))
+            write_json(self.out / "corrections.json",
+                       {f"{m}|{g}": f for (m, g), f in getattr(est, "correction", {}).items()})
 
     def _snapshot(self, t: float, obs: dict[str, ObservedJob]) -> ClusterSnapshot:
         live_nodes = {n.id for n in self.nodes}
@@ -343,6 +343,6 @@ class LiveLoop:
         metrics = compute(record)
         metrics["time_scale"] = self.opt.time_scale
         metrics["measured"] = True
-        (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        write_json(self.out / "metrics.json", metrics)
         write_model(record, self.out / "record.json")
         return LiveResult(metrics, record.job_dicts(), self.decisions)

@@ -121,17 +121,14 @@ class Planner:
 
     def save_cache(self, path) -> None:
         import json
-        import os
-        from pathlib import Path
+
+        from arena_opt.io import atomic_write
 
         if not self._disk_dirty:
             return
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"version": _code_version(), "params": self._params_key(),
-                                   "plans": self._disk}))
-        tmp.replace(path)
+
+        atomic_write(path, json.dumps({"version": _code_version(), "params": self._params_key(),
+                                       "plans": self._disk}))
         self._disk_dirty = False
 
     def _params_key(self) -> str:

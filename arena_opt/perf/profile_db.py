@@ -42,7 +42,6 @@ version, or with a bad field, is rejected with the file, field and value in the 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -52,6 +51,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativ
 from arena_opt.errors import InputError
 from arena_opt.perf.comm import COLLECTIVES, AlphaBeta, Collective
 from models.catalog import Arch
+from arena_opt.io import atomic_write
 
 FORMAT = "arena-opt-profile"
 VERSION = 1
@@ -237,11 +237,7 @@ def load_or_new(path: str | Path) -> ProfileDB:
 
 def save(db: ProfileDB, path: str | Path) -> None:
     """Write atomically: a crash never leaves half a database."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
-    tmp.write_text(db.model_dump_json(indent=1) + "\n")
-    tmp.replace(path)
+    atomic_write(path, db.model_dump_json(indent=1) + "\n")
 
 
 __all__ = ["FORMAT", "VERSION", "CommFit", "LayerProfile", "LayerSample", "ModelProfile", "ProfileDB", "load",

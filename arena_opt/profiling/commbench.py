@@ -23,6 +23,7 @@ from pathlib import Path
 from arena_opt.perf.comm import COLLECTIVES, fit_alpha_beta
 from arena_opt.perf.profile_db import CommFit
 from arena_opt.profiling.measure import free_port, launch
+from arena_opt.io import atomic_write
 
 DEFAULT_SIZES = tuple(4 ** k * 1024 for k in range(0, 8))  # 1 KiB .. 16 MiB
 
@@ -81,7 +82,7 @@ def _bench(rank: int, world: int, port: int, sizes: list[int], warmup: int, repe
             points.append({"collective": name, "group": 2 if name == "p2p" else world, "bytes": n * 4,
                            "seconds": statistics.median(times), "cpu_seconds": statistics.median(cpus)})
     if rank == 0:
-        Path(out).write_text(json.dumps(points))
+        atomic_write(out, json.dumps(points))
     dist.destroy_process_group()
 
 

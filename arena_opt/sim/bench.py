@@ -17,6 +17,7 @@ from arena_opt.policies import check_name
 from arena_opt.sim.config import RunConfig, user_plan_cache, warm_plan_cache
 from arena_opt.sim.plots import plot_all
 from arena_opt.sim.results import markdown_table
+from arena_opt.io import atomic_write
 
 ALL = ["fcfs", "gavel", "sia", "elasticflow", "arena-greedy", "arena"]
 
@@ -59,7 +60,7 @@ def run_bench(base: RunConfig, policies: list[str], out_dir: str | Path, *, para
         if out.is_file() and p not in info["failed"]:
             results.append(json.loads(out.read_text()))
     if results:
-        (out_dir / "results.md").write_text(markdown_table(results) + "\n")
+        atomic_write(out_dir / "results.md", markdown_table(results) + "\n")
         info["plots"] = [str(x) for x in plot_all(results, out_dir)]
     return results, info
 

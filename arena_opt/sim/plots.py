@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from arena_opt.io import atomic_path
+
 
 def _plt():
     import matplotlib
@@ -39,7 +41,8 @@ def _jct_cdf(results: list[dict], path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     return path
 
@@ -63,6 +66,7 @@ def _series(results: list[dict], key: str, title: str, path: Path, scale: float 
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     return path

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from arena_opt.io import write_json
 from arena_opt.metrics import compute, round_series
 from arena_opt.record import RunRecord
 
@@ -21,8 +21,7 @@ def result_dict(res: RunRecord, config: dict) -> dict:
 
 
 def write_result(path: str | Path, data: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(data, indent=1, default=_default))
+    write_json(path, data, default=_default)
 
 
 def _default(o):
