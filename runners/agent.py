@@ -28,7 +28,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from runners.launch import free_port, node_launches
-from runners.managed import _SAFE, LaunchError, LaunchHandle, ManagedRunner, _Job
+from runners.managed import LaunchError, LaunchHandle, ManagedRunner, _Job
+from runners.names import safe_name
 from runners.process import Proc, kill_all
 from runners.spec import TrainSpec, format_validation_error
 
@@ -60,7 +61,7 @@ class Agent:
             raise ValueError(f"node {self.node_id!r} is not in the placement {req.placement}")
         nl = mine[0]
         key = f"{req.spec.job_id}/{req.spec.generation}"
-        log = self.workdir / "agent-logs" / self.node_id / f"{_SAFE.sub('_', req.spec.job_id)}-g{req.spec.generation}.log"
+        log = self.workdir / "agent-logs" / self.node_id / f"{safe_name(req.spec.job_id)}-g{req.spec.generation}.log"
         with self.lock:
             if key in self.procs:
                 raise ValueError(f"launch {key} already exists on {self.node_id}")

@@ -62,7 +62,8 @@ class ObservedJob(BaseModel):
     placement: dict[str, list[int]] = Field(default_factory=dict)
     plan: Plan | None = None
     generation: NonNegativeInt = 0
-    failures: NonNegativeInt = 0
+    failures: NonNegativeInt = Field(0, description="crashes in a row since the job last made progress")
+    steps_lost: NonNegativeInt = Field(0, description="steps run again after restarts, all launches together")
     last_checkpoint_step: NonNegativeInt | None = None
     log_path: str | None = None
     message: str | None = None

@@ -36,12 +36,16 @@ class _DryJob:
 
 class DryRunRunner(Runner):
     def __init__(self, workdir: str | Path, out: TextIO | None = None, node_addrs: dict[str, str] | None = None,
-                 base_port: int = DEFAULT_PORT, ckpt_interval: int = 0, device: str = "auto") -> None:
+                 base_port: int = DEFAULT_PORT, ckpt_interval: int = 0, device: str = "auto",
+                 ckpt_every_s: float = 0.0, keep_checkpoints: int = 2, max_restarts: int = 1) -> None:
         self.workdir = Path(workdir).resolve()
         self.out = out or sys.stdout
         self.node_addrs = node_addrs or {}
         self.base_port = base_port
         self.ckpt_interval = ckpt_interval
+        self.ckpt_every_s = ckpt_every_s
+        self.keep_checkpoints = keep_checkpoints
+        self.max_restarts = max_restarts
         self.device = device
         self.jobs: dict[str, _DryJob] = {}
 
@@ -107,13 +111,14 @@ class DryRunRunner(Runner):
         assert jd.plan is not None
         root = job_root(self.workdir, j.spec.job_id)
         try:
-            spec = make_train_spec(j.spec, jd.plan, root, self.ckpt_interval, j.generation, self.device)
+            spec = make_train_spec(j.spec, jd.plan, root, self.ckpt_interval, j.generation, self.device,
+                                   ckpt_every_s=self.ckpt_every_s, keep=self.keep_checkpoints)
         except ValueError as e:
             self._print(f"# job {jd.job_id}: {jd.action} {jd.plan.describe()}: cannot run: {e}")
             return
         first = next(iter(jd.placement))
         endpoint = f"{self.node_addrs.get(first, first)}:{port}"
-        launches = node_launches(spec, jd.placement, endpoint, use_gpus=True)
+        launches = node_launches(spec, jd.placement, endpoint, use_gpus=True, max_restarts=self.max_restarts)
         resume = " (loads its latest checkpoint)" if j.generation else ""
         self._print(f"# job {jd.job_id}: {jd.action} {jd.plan.describe()} on {jd.gpu_type}, {jd.plan.num_gpus} GPU(s) "
                     f"on {len(launches)} node(s), rendezvous {endpoint}{resume}")

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runners.names import safe_name
 from runners.spec import TrainSpec
 
 DEFAULT_PORT = 29500
@@ -44,10 +45,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def node_launches(spec: TrainSpec, placement: dict[str, list[int]], endpoint: str, *,
-                  spec_path: str | None = None, use_gpus: bool = True) -> list[NodeLaunch]:
+                  spec_path: str | None = None, use_gpus: bool = True, max_restarts: int = 0,
+                  log_dir: str | None = None) -> list[NodeLaunch]:
     """One NodeLaunch per node of `placement`, in placement order (= node rank).
     `spec_path`: pass the spec as a file (it must exist on every node); otherwise inline JSON,
-    which makes the printed command self-contained."""
+    which makes the printed command self-contained. `max_restarts`: torchrun restarts the worker
+    group in place this many times after a worker fails (each restart loads the newest intact
+    checkpoint). `log_dir`: torchrun's own files (it makes one sub-directory per launch) go there
+    instead of /tmp."""
     if not placement:
         raise ValueError(f"job {spec.job_id}: empty placement")
     nproc_total = sum(len(g) for g in placement.values())
@@ -55,13 +60,16 @@ def node_launches(spec: TrainSpec, placement: dict[str, list[int]], endpoint: st
         raise ValueError(f"job {spec.job_id}: placement holds {nproc_total} GPUs but plan "
                          f"{spec.plan.describe()} needs {spec.plan.num_gpus}")
     nnodes = len(placement)
-    rdzv_id = f"{spec.job_id}-g{spec.generation}"
+    rdzv_id = f"{safe_name(spec.job_id)}-g{spec.generation}"
     target = ["--spec", spec_path] if spec_path else ["--spec-json", spec.model_dump_json()]
     out = []
     for rank, (node, gpus) in enumerate(placement.items()):
         argv = [*torchrun_exe(), f"--nnodes={nnodes}", f"--nproc-per-node={len(gpus)}", f"--node-rank={rank}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
-                "--max-restarts=0", "-m", "runners.train", *target]
+                f"--max-restarts={max_restarts}",
+                # rank-prefixed output ("[default3]:...") tells the failing rank's last lines apart
+                "--tee=3", *([f"--log-dir={log_dir}"] if log_dir else []),
+                "-m", "runners.train", *target]
         env = {
             # without it torchrun restarts on "Gloo connectFullMesh failed" (../shared/MEASURED.md)
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",

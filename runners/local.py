@@ -44,7 +44,8 @@ class LocalRunner(ManagedRunner):
         import torch
 
         launches = node_launches(spec, placement, endpoint, spec_path=str(spec_path),
-                                 use_gpus=torch.cuda.is_available() and self.device != "cpu")
+                                 use_gpus=torch.cuda.is_available() and self.device != "cpu",
+                                 max_restarts=self.max_restarts, log_dir=str(job.root / "logs" / "torchrun"))
         procs = [Proc(nl.argv, nl.env, self.log_path(job, spec.generation, nl.node_id), cwd=_repo_root())
                  for nl in launches]
         return LocalLaunch(procs)

@@ -1,19 +1,35 @@
-"""Job life cycle shared by the backends that really run jobs (local, agents):
-decisions become launches and save-and-exit requests, progress files become
-observed state, exits become finished / stopped / crashed / failed.
+"""Job life cycle shared by every backend that really runs jobs (local, agents,
+Slurm): decisions become launches and save-and-exit requests, progress files
+become observed state, exits become finished / stopped / crashed / failed, and
+the fault handling below applies to all of them.
 
 A reshape, migration or preemption is always: stop request -> every rank saves
 a sharded checkpoint and exits -> (for reshape/migrate) a new launch with the
-new plan and placement that loads the checkpoint, resharding it. A crashed job
-(a launch that exited without its `exit` event) is relaunched from its last
-checkpoint by the next decision that keeps it running; after `max_failures`
-crashes without a new checkpoint in between, it is marked failed.
+new plan and placement that loads the checkpoint, resharding it.
+
+Faults, in the order they are met:
+- a worker dies: torchrun restarts the worker group in place (`max_restarts`),
+  which resumes from the newest intact checkpoint within seconds;
+- torchrun gives up or dies: the launch crashed; the next decision that keeps
+  the job running relaunches it, the second and later relaunches after a
+  backoff that doubles; after `max_failures` crashes in a row without progress
+  (a step beyond the best the job ever reported) the job is failed;
+- a node vanishes (its processes gone without an exit status, or the backend
+  says it is down): every launch on it is killed, the node is out of
+  `down_nodes()` until a probe finds it back (then what is left of those
+  launches is stopped), and nothing is launched on it meanwhile; its jobs
+  resume elsewhere without that counting as their failure;
+- anything else that goes wrong with one job (a directory that cannot be
+  written, a launch exception, a bad spec, a loader error) fails that job with
+  its reason and log, and the runner goes on with the others.
+Each of these is an event (runners.events): a console line and a record.
 """
 
 from __future__ import annotations
 
 import abc
 import re
+import signal
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -23,15 +39,20 @@ from arena_opt.decision import Decision, JobDecision
 from arena_opt.plan import Plan
 from models.catalog import Arch
 from runners.base import JobSpec, JobState, Measurement, ObservedJob, Runner, RunnerError
+from runners.checkpoint import newest_complete
+from runners.events import EventLog
+from runners.names import safe_name
 from runners.progress import ProgressReader, clear_stop, request_stop
 from runners.spec import TrainSpec, resolve_arch
 from arena_opt.stages import check_plan, scale_plan
 
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+# torchrun's line for a failed worker (torch/distributed/elastic/multiprocessing/api.py)
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+LOG_TAIL_LINES = 5
 
 
 class LaunchError(RuntimeError):
-    """The backend could not start a launch (agent unreachable, node unknown)."""
+    """The backend could not start a launch (agent unreachable, node unknown): worth a retry."""
 
 
 class LaunchHandle(abc.ABC):
@@ -63,11 +84,17 @@ class _Job:
     placement: dict[str, list[int]] = field(default_factory=dict)
     plan: Plan | None = None
     reader: ProgressReader | None = None
-    failures: int = 0
-    ckpt_step: int | None = None
+    failures: int = 0  # crashes since the last progress
+    ckpt_step: int | None = None  # newest checkpoint known (or the one a launch actually loaded)
+    best_step: int = 0  # the furthest any launch got: progress is a step beyond it
+    steps_lost: int = 0  # steps done again after restarts and relaunches, all launches together
+    retry_at: float = 0.0  # wall time before which a crashed job is not relaunched (backoff)
+    held: str | None = None  # why the last decision to run it was not carried out
+    killed: bool = False  # the current launch is being killed on the scheduler's word (node gone)
     message: str | None = None
     window: list[float] = field(default_factory=list)
     seen_steps: int = 0  # step events of the current launch already looked at
+    seen_events: int = 0  # progress events already turned into runner events
     log_paths: list[str] = field(default_factory=list)
     timeline: list[tuple[str, float]] = field(default_factory=list)  # runner-side moments (launch, stop, exited)
 
@@ -82,15 +109,27 @@ class _Job:
 
 class ManagedRunner(Runner):
     def __init__(self, workdir: str | Path, *, device: str = "auto", ckpt_interval: int = 0,
-                 max_failures: int = 3, stop_timeout_s: float = 120.0, measure_window: int = 5) -> None:
+                 ckpt_every_s: float = 0.0, keep_checkpoints: int = 2, max_failures: int = 3,
+                 max_restarts: int = 1, backoff_s: float = 10.0, backoff_max_s: float = 300.0,
+                 node_recheck_s: float = 30.0, stop_timeout_s: float = 120.0, measure_window: int = 5,
+                 events: EventLog | None = None) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.device = device
         self.ckpt_interval = ckpt_interval
+        self.ckpt_every_s = ckpt_every_s
+        self.keep_checkpoints = keep_checkpoints
         self.max_failures = max_failures
+        self.max_restarts = max_restarts
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.node_recheck_s = node_recheck_s
         self.stop_timeout_s = stop_timeout_s
         self.measure_window = measure_window
+        self.event_log = events or EventLog(self.workdir / "events.jsonl")
         self.jobs: dict[str, _Job] = {}
+        self.down: dict[str, tuple[float, str]] = {}  # node -> (since, why)
+        self._orphans: dict[str, list[LaunchHandle]] = {}  # launches that had processes on a lost node
         self._measured: list[Measurement] = []
         self._measure_log = self.workdir / "measurements.jsonl"
 
@@ -99,7 +138,31 @@ class ManagedRunner(Runner):
     @abc.abstractmethod
     def _start(self, job: _Job, spec: TrainSpec, placement: dict[str, list[int]]) -> LaunchHandle: ...
 
+    def _vanished_nodes(self, polled: dict[str, list[int | None]]) -> set[str]:
+        """Nodes that are gone, from this round's exit codes (job id -> code per node of its launch).
+        Default: a node where every launch's torchrun vanished without an exit status (SIGKILL) at
+        once. One killed torchrun beside healthy ones is that job's crash; with nothing else on the
+        node the two cannot be told apart here and it counts as the node's loss. Backends that can
+        ask the cluster (Slurm: DOWN, DRAIN, not responding) add what it says."""
+        verdict: dict[str, bool] = {}
+        for jid, rcs in polled.items():
+            for node, rc in zip(self.jobs[jid].placement, rcs):
+                verdict[node] = verdict.get(node, True) and rc == -signal.SIGKILL
+        return {n for n, gone in verdict.items() if gone}
+
+    def _node_up(self, node: str) -> bool:
+        """Probe of a node out of service; the local host is always reachable again."""
+        return True
+
     # ------------------------------------------------------------------ Runner API
+
+    def set_event_log(self, log: EventLog) -> None:
+        self.event_log = log
+
+    def down_nodes(self) -> set[str]:
+        """Nodes lost and not yet back: keep them out of the snapshot."""
+        self._recheck_nodes()
+        return set(self.down)
 
     def add_job(self, job: JobSpec) -> None:
         if job.job_id in self.jobs:
@@ -128,6 +191,8 @@ class ManagedRunner(Runner):
                     # checked before stopping anything: a running job keeps its current plan
                     self._reject(j, f"plan {jd.plan.describe()} cannot run {j.spec.job_id}: {e}")
                     continue
+                if j.state != "running" and self._hold(j, jd):
+                    continue
                 if j.state == "running":
                     to_stop.append(j)
                 to_launch.append((j, jd, spec))
@@ -153,6 +218,7 @@ class ManagedRunner(Runner):
             self._stop_many([j])
         else:
             assert j.handle is not None
+            j.killed = True  # the scheduler's call (its node left): not the job's failure
             j.handle.kill()
             self._settle(j, stopping=True)
 
@@ -170,6 +236,9 @@ class ManagedRunner(Runner):
             if j.handle is not None:
                 j.handle.terminate(timeout=5.0)
                 self._settle(j, stopping=True)
+        for handles in self._orphans.values():
+            for h in handles:
+                h.kill()
 
     # ------------------------------------------------------------------ internals
 
@@ -183,27 +252,59 @@ class ManagedRunner(Runner):
                               f"{jd.plan.describe()} needs {jd.plan.num_gpus}")
 
     def _spec(self, j: _Job, plan: Plan) -> TrainSpec:
-        return make_train_spec(j.spec, plan, j.root, self.ckpt_interval, j.generation, self.device)
+        return make_train_spec(j.spec, plan, j.root, self.ckpt_interval, j.generation, self.device,
+                               ckpt_every_s=self.ckpt_every_s, keep=self.keep_checkpoints)
+
+    def _emit(self, kind: str, j: _Job | None, message: str, **fields) -> None:
+        self.event_log.emit(kind, j.spec.job_id if j is not None else None, message, **fields)
+
+    def _hold(self, j: _Job, jd: JobDecision) -> bool:
+        """True when a decision to (re)start j must wait: a node of its placement is down, or the
+        backoff after repeated crashes has not run out. One event per reason, not per round."""
+        gone = sorted(set(jd.placement) & self.down_nodes())
+        if gone:
+            key = why = f"not started: node(s) {', '.join(gone)} down"
+        elif j.state == "crashed" and time.time() < j.retry_at:
+            key = f"backoff after {j.failures} crashes"
+            why = f"relaunch held back {j.retry_at - time.time():.0f} s more ({key} in a row)"
+        else:
+            j.held = None
+            return False
+        if j.held != key:
+            self._emit("held", j, why)
+        j.held, j.message = key, why
+        return True
 
     def _launch(self, j: _Job, jd: JobDecision, spec: TrainSpec) -> None:
         spec = spec.model_copy(update={"generation": j.generation})
-        clear_stop(j.run_dir)
-        j.run_dir.mkdir(parents=True, exist_ok=True)
+        relaunch = j.state == "crashed"
         j.timeline.append(("launch", time.time()))
         try:
+            _inside(j.root, self.workdir / "jobs")
+            j.run_dir.mkdir(parents=True, exist_ok=True)
+            clear_stop(j.run_dir)
             j.handle = self._start(j, spec, jd.placement)
         except LaunchError as e:
-            j.failures += 1
-            j.state = "failed" if j.failures >= self.max_failures else "crashed"
-            j.message = f"launch {j.generation} could not start: {e}"
             j.generation += 1
+            self._crashed(j, f"launch {j.generation - 1} could not start: {e}", counts=True)
+            return
+        except Exception as e:  # noqa: BLE001 - whatever it is, it is this job's alone
+            j.generation += 1
+            self._fail(j, f"launch {j.generation - 1} could not start: {type(e).__name__}: {e}")
             return
         j.log_paths = list(j.handle.log_paths)
         j.generation += 1
         j.state = "running"
+        j.killed = False
         j.gpu_type, j.placement, j.plan = jd.gpu_type, dict(jd.placement), jd.plan
         j.message = None
         j.window, j.seen_steps = [], 0
+        where = ", ".join(f"{n}:{len(g)}" for n, g in jd.placement.items())
+        self._emit("relaunch" if relaunch else "launch", j,
+                   f"launch {j.generation - 1}: {jd.plan.describe()} on {where}"
+                   + (f" after {j.failures} crash(es)" if relaunch else ""),
+                   generation=j.generation - 1, plan=jd.plan.describe(), placement=jd.placement,
+                   log=j.log_paths[0] if j.log_paths else None)
 
     def _reject(self, j: _Job, msg: str) -> None:
         if j.state == "running":
@@ -211,14 +312,38 @@ class ManagedRunner(Runner):
             return
         j.failures += 1
         if j.failures >= self.max_failures:
-            j.state, j.message = "failed", f"{msg} (rejected {j.failures} times)"
+            self._fail(j, f"{msg} (rejected {j.failures} times)")
         else:
             j.message = msg
+
+    def _fail(self, j: _Job, msg: str) -> None:
+        if j.handle is not None:
+            try:
+                j.handle.kill()
+            except Exception:  # noqa: BLE001 - it is being given up anyway
+                pass
+            j.handle = None
+        j.state, j.message = "failed", msg
+        self._emit("failed", j, msg, log=j.log_paths[0] if j.log_paths else None)
+
+    def _crashed(self, j: _Job, msg: str, counts: bool) -> None:
+        if counts:
+            j.failures += 1
+        if counts and j.failures >= self.max_failures:
+            self._fail(j, f"failed {j.failures} times in a row without progress; last: {msg}")
+            return
+        # the first relaunch goes at once (torchrun's in-place restarts came first); then it doubles
+        delay = 0.0 if j.failures <= 1 else min(self.backoff_max_s, self.backoff_s * 2 ** (j.failures - 2))
+        j.retry_at = time.time() + delay
+        j.state, j.message = "crashed", msg
 
     def _stop_many(self, jobs: list[_Job], timeout_s: float | None = None) -> None:
         jobs = [j for j in jobs if j.handle is not None]
         for j in jobs:
-            request_stop(j.run_dir)
+            try:
+                request_stop(j.run_dir)
+            except OSError:
+                pass  # the launch is terminated below, as it would be after the timeout
             j.state = "stopping"
             j.timeline.append(("stop", time.time()))
         deadline = time.time() + (self.stop_timeout_s if timeout_s is None else timeout_s)
@@ -233,55 +358,157 @@ class ManagedRunner(Runner):
             self._settle(j, stopping=True)
 
     def _refresh(self) -> None:
-        for j in self.jobs.values():
+        self._recheck_nodes()
+        polled: dict[str, list[int | None]] = {}
+        for jid, j in self.jobs.items():
             if j.handle is None:
                 continue
-            assert j.reader is not None
-            p = j.reader.poll()
-            if p.last_checkpoint_step is not None and (j.ckpt_step is None or p.last_checkpoint_step > j.ckpt_step):
-                j.ckpt_step = p.last_checkpoint_step
-                j.failures = 0  # progress was made and kept
-            self._collect_measurements(j)
-            rcs = j.handle.poll()
-            if all(rc is not None for rc in rcs):
-                self._settle(j, stopping=False)
-            elif any(rc not in (None, 0) for rc in rcs):
-                # one node's torchrun failed: the others cannot go on without its ranks
-                j.handle.terminate(timeout=10.0)
-                self._settle(j, stopping=False)
+            try:
+                assert j.reader is not None
+                j.reader.poll()
+                self._digest_progress(j)
+                self._collect_measurements(j)
+                polled[jid] = j.handle.poll()
+            except Exception as e:  # noqa: BLE001 - one job's trouble must not stop the others
+                self._fail(j, f"runner error while watching launch {j.generation - 1}: {type(e).__name__}: {e}")
+        for node in sorted(self._vanished_nodes(polled)):
+            self._node_lost(node, "every process there vanished without an exit status")
+        for jid, rcs in polled.items():
+            j = self.jobs[jid]
+            if j.handle is None:
+                continue  # settled with its node
+            try:
+                if all(rc is not None for rc in rcs):
+                    self._settle(j, stopping=False)
+                elif any(rc not in (None, 0) for rc in rcs):
+                    # one node's torchrun failed: the others cannot go on without its ranks
+                    j.handle.terminate(timeout=10.0)
+                    self._settle(j, stopping=False)
+            except Exception as e:  # noqa: BLE001
+                self._fail(j, f"runner error while ending launch {j.generation - 1}: {type(e).__name__}: {e}")
 
-    def _settle(self, j: _Job, stopping: bool) -> None:
+    def _digest_progress(self, j: _Job) -> None:
+        """Turn the new progress events of the current launch into job state and runner events."""
+        assert j.reader is not None
+        events = j.reader.state.events
+        gen = j.generation - 1
+        for ev in events[j.seen_events:]:
+            kind = ev["event"]
+            if ev.get("generation") != gen:
+                continue
+            if kind == "step":
+                if ev["step"] > j.best_step:
+                    j.best_step = ev["step"]
+                    j.failures = 0  # progress: the crash counter starts again
+            elif kind in ("checkpoint", "loaded"):
+                # a load is the truth about what is on disk: it may be older than the newest saved
+                j.ckpt_step = ev["step"]
+            elif kind == "ckpt_skipped":
+                self._emit("ckpt_fallback", j, f"checkpoint of step {ev['step']} skipped: {ev['reason']}",
+                           step=ev["step"], path=ev.get("path"), reason=ev["reason"])
+            elif kind == "start":
+                start = ev.get("step", 0)
+                lost = max(0, j.best_step - start)
+                j.steps_lost += lost
+                if ev.get("skipped") and ev.get("resumed_from") is None:
+                    j.ckpt_step = None
+                    self._emit("scratch", j, "no intact checkpoint: starts again from step 0",
+                               steps_lost=lost)
+                if ev.get("restart"):
+                    j.seen_steps, j.window = 0, []
+                    rank, rc, tail = self._failed_rank(j)
+                    who = f"rank {rank} exited {rc}" if rank is not None else "a worker failed"
+                    self._emit("restart", j, f"restarted in place by torchrun (restart {ev['restart']}): {who}; "
+                                             f"resumed from step {start}, {lost} step(s) lost"
+                               + (f"; last lines: {' | '.join(tail)}" if tail else ""),
+                               restart=ev["restart"], rank=rank, exit_code=rc, step=start, steps_lost=lost,
+                               log_tail=tail)
+        j.seen_events = len(events)
+
+    def _failed_rank(self, j: _Job) -> tuple[int | None, int | None, list[str]]:
+        """(global rank, exit code, last lines of its output) of the newest worker failure torchrun
+        logged for the current launch, from the node logs (rank-prefixed by --tee)."""
+        best = None
+        offset = 0
+        for node, log in zip(j.placement, j.log_paths):
+            text = _tail(log)
+            for m in _WORKER_FAILED.finditer(text):
+                best = (offset + int(m.group(2)), int(m.group(1)), text[: m.start()], int(m.group(2)))
+            offset += len(j.placement[node])
+        if best is None:
+            return None, None, []
+        rank, rc, before, local = best
+        prefix = f"[default{local}]:"
+        lines = [x[len(prefix):] for x in before.splitlines() if x.startswith(prefix)]
+        return rank, rc, lines[-LOG_TAIL_LINES:]
+
+    def _node_lost(self, node: str, why: str) -> None:
+        if node not in self.down:
+            self.down[node] = (time.time(), why)
+            self._emit("node_lost", None, f"node {node} lost: {why}; nothing runs there until it is back",
+                       node=node)
+        for j in self.jobs.values():
+            if j.handle is None or node not in j.placement:
+                continue
+            self._orphans.setdefault(node, []).append(j.handle)
+            j.killed = True
+            j.handle.kill()  # the ranks elsewhere cannot go on without the node's
+            self._settle(j, stopping=False, node_lost=node)
+
+    def _recheck_nodes(self) -> None:
+        now = time.time()
+        for node, (since, _) in list(self.down.items()):
+            if now - since < self.node_recheck_s or not self._node_up(node):
+                continue
+            del self.down[node]
+            left = self._orphans.pop(node, [])
+            for h in left:
+                h.kill()  # what a lost launch left there must not run beside new work
+            self._emit("node_back", None, f"node {node} is back after {now - since:.0f} s; "
+                                          f"{len(left)} lost launch(es) there stopped", node=node)
+
+    def _settle(self, j: _Job, stopping: bool, node_lost: str | None = None) -> None:
         """The launch is over: decide what it was from its exit codes and progress events."""
         assert j.handle is not None and j.reader is not None
         j.handle.terminate(timeout=5.0)  # a no-op for a clean exit; reaps stray workers of a crash
         rcs = j.handle.poll()
         j.timeline.append(("exited", time.time()))
         p = j.reader.poll()
+        self._digest_progress(j)
         self._collect_measurements(j, flush=True)
         gen = j.generation - 1
         current = p.generation == gen
-        if p.last_checkpoint_step is not None and (j.ckpt_step is None or p.last_checkpoint_step > j.ckpt_step):
-            j.ckpt_step = p.last_checkpoint_step
-            j.failures = 0  # progress was made and kept
         logs = ", ".join(j.handle.log_paths)
         j.handle = None
+        killed, j.killed = j.killed, False
         if current and p.exit_reason == "finished":
             j.state, j.message = "finished", None
+            self._emit("exit", j, f"launch {gen} finished at step {p.step}", reason="finished", step=p.step)
         elif current and p.exit_reason == "stopped" and all(rc == 0 for rc in rcs):
             j.state, j.message = "stopped", None
+            self._emit("exit", j, f"launch {gen} stopped at step {p.step} (saved)", reason="stopped", step=p.step)
         elif current and p.error:
             # a plan the model cannot run fails the same way every time: do not retry
-            j.state, j.message = "failed", f"{p.error} (log: {logs})"
-        elif stopping and all(rc == 0 for rc in rcs):
+            self._fail(j, f"{p.error} (log: {logs})")
+        elif stopping and not killed and all(rc == 0 for rc in rcs):
             j.state, j.message = "stopped", None
+            self._emit("exit", j, f"launch {gen} stopped", reason="stopped", step=p.step)
         else:
-            j.failures += 1
-            what = "was stopped without saving" if stopping else "crashed"
-            msg = f"launch {gen} {what} (exit codes {rcs}); restarts from step {j.ckpt_step or 0}; log: {logs}"
-            if j.failures >= self.max_failures:
-                j.state, j.message = "failed", f"failed {j.failures} times in a row; last: {msg}"
+            resume = newest_complete(j.ckpt_dir)
+            where = f"step {resume[0]} (newest complete checkpoint)" if resume else "step 0 (no complete checkpoint)"
+            if node_lost:
+                what = f"lost with node {node_lost}"
+            elif killed or stopping:
+                what = "was stopped without saving"
             else:
-                j.state, j.message = "crashed", msg
+                rank, rc, tail = self._failed_rank(j)
+                what = (f"crashed: rank {rank} exited {rc}" if rank is not None else "crashed") \
+                    + f" (torchrun exit codes {rcs})" + (f"; last lines: {' | '.join(tail)}" if tail else "")
+            msg = f"launch {gen} {what} at step {p.step}; resumes from {where}; log: {logs}"
+            # a node's loss or the scheduler's kill is not the job's failure
+            self._crashed(j, msg, counts=not (node_lost or killed))
+            self._emit("crash", j, msg, generation=gen, exit_codes=rcs, step=p.step,
+                       resume_step=resume[0] if resume else 0, node_lost=node_lost, log=logs)
 
     def _collect_measurements(self, j: _Job, flush: bool = False) -> None:
         assert j.reader is not None
@@ -312,13 +539,14 @@ class ManagedRunner(Runner):
             iter_time_s=it, samples_per_s=(j.spec.global_batch / it) if it else None,
             peak_mem_gib=(p.peak_mem_bytes / 2**30) if p.peak_mem_bytes else None,
             gpu_type=j.gpu_type, num_gpus=j.plan.num_gpus if j.plan else 0, placement=j.placement, plan=j.plan,
-            generation=max(0, j.generation - 1), failures=j.failures, last_checkpoint_step=j.ckpt_step,
+            generation=max(0, j.generation - 1), failures=j.failures, steps_lost=j.steps_lost,
+            last_checkpoint_step=j.ckpt_step,
             log_path=j.log_paths[0] if j.log_paths else None,
             message=j.message)
 
     @staticmethod
     def log_path(j: _Job, generation: int, node: str) -> Path:
-        return j.root / "logs" / f"g{generation}-{_SAFE.sub('_', node)}.log"
+        return j.root / "logs" / f"g{generation}-{safe_name(node)}.log"
 
     def losses(self, job_id: str) -> dict[int, float]:
         """Loss by step as reported (the last report wins when steps are repeated after a crash)."""
@@ -339,11 +567,11 @@ class ManagedRunner(Runner):
 
 
 def job_root(workdir: str | Path, job_id: str) -> Path:
-    return Path(workdir) / "jobs" / _SAFE.sub("_", job_id)
+    return Path(workdir) / "jobs" / safe_name(job_id)
 
 
 def make_train_spec(s: JobSpec, plan: Plan, root: Path, ckpt_interval: int, generation: int,
-                    device: str = "auto") -> TrainSpec:
+                    device: str = "auto", ckpt_every_s: float = 0.0, keep: int = 2) -> TrainSpec:
     """The launch spec of a job under a decided plan; raises PlanError / ValueError when the
     plan cannot run the job's model."""
     full = resolve_arch(s.model, None)
@@ -353,8 +581,26 @@ def make_train_spec(s: JobSpec, plan: Plan, root: Path, ckpt_interval: int, gene
     return TrainSpec(job_id=s.job_id, model=s.model, scale=s.scale, plan=plan, global_batch=s.global_batch,
                      total_steps=s.total_steps, lr=s.lr, seed=s.seed, dp_mode=s.dp_mode, device=device,  # type: ignore[arg-type]
                      run_dir=str(root / "run"), ckpt_dir=str(root / "ckpt"), ckpt_interval=ckpt_interval,
+                     ckpt_every_s=ckpt_every_s, keep_checkpoints=keep,
                      generation=generation, step_delay_s=s.step_delay_s, fail_at_step=s.fail_at_step,
                      fail_rank=s.fail_rank)
+
+
+def _inside(path: Path, parent: Path) -> None:
+    """A job directory must be where its name puts it (a symlink could point anywhere)."""
+    real, top = path.resolve(), parent.resolve()
+    if real.parent != top:
+        raise PermissionError(f"job directory {path} resolves to {real}, outside {top}")
+
+
+def _tail(path: str, limit: int = 65536) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _model_name(model: str | Arch) -> str:

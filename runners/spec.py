@@ -15,6 +15,11 @@ from arena_opt.plan import Plan
 from models.catalog import ARCHITECTURES, Arch, arena_model_name
 
 
+# wall seconds between checkpoints by default: bench/runners.py measures what saving costs
+# (bench/results/runners.md); at this interval it is a few percent of training time
+DEFAULT_CKPT_EVERY_S = 30.0
+
+
 class Scale(BaseModel):
     """Arguments of `models.torch_layers.scaled_arch`; absent = the catalog size."""
 
@@ -47,8 +52,10 @@ class TrainSpec(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     run_dir: str = Field(description="progress.jsonl and the control file live here")
     ckpt_dir: str
-    ckpt_interval: NonNegativeInt = Field(0, description="steps between checkpoints (and one at the end); 0 = only when stopped")
-    keep_checkpoints: PositiveInt = 2
+    ckpt_interval: NonNegativeInt = Field(0, description="steps between checkpoints (and one at the end); 0 = off")
+    ckpt_every_s: NonNegativeFloat = Field(0.0, description="wall seconds between checkpoints (and one at the end); "
+                                                            "0 = off; with both off only a stop saves")
+    keep_checkpoints: PositiveInt = Field(2, description="committed checkpoints kept (older ones deleted)")
     generation: NonNegativeInt = Field(0, description="launch counter of the job, reported with progress")
     step_delay_s: NonNegativeFloat = Field(
         0.0, description="sleep per step; lets CPU tests watch a job run without training a bigger model")

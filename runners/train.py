@@ -3,8 +3,9 @@
     torchrun ... -m runners.train --spec SPEC.json      (or --spec-json '{...}')
 
 Builds the catalog model (scaled down when the spec says so), applies the plan
-with `runners.parallelize`, resumes from the latest checkpoint in the spec's
-checkpoint directory if there is one, trains on deterministic synthetic data
+with `runners.parallelize`, resumes from the newest intact checkpoint in the
+spec's checkpoint directory if there is one (reporting every newer one it had
+to skip, and why), trains on deterministic synthetic data
 and reports progress through `runners.progress`. A stop request (the control
 file, SIGTERM or SIGINT) makes every rank save a checkpoint at the same step
 boundary and exit 0; all ranks learn of it through the per-step all-reduce.
@@ -26,7 +27,6 @@ import torch.distributed as dist
 
 from runners.progress import ProgressWriter, stop_requested
 from runners import checkpoint
-from runners.checkpoint import latest_checkpoint
 from runners.spec import SpecError, TrainSpec, load_spec, parse_spec
 
 EXIT_BAD_SPEC = 2
@@ -112,21 +112,31 @@ def _train(spec: TrainSpec, device: torch.device) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_SPEC
     optim = torch.optim.AdamW(pm.module.parameters(), lr=spec.lr)
-    step, resumed_from = 0, None
-    ckpt = latest_checkpoint(spec.ckpt_dir)
-    if ckpt is not None:
-        step, load_s = checkpoint.load(pm.module, optim, ckpt)
-        resumed_from = str(ckpt)
+
+    def skipped(s: checkpoint.Skipped) -> None:
         if writer:
-            writer.emit("loaded", step=step, load_s=load_s, path=resumed_from)
+            writer.emit("ckpt_skipped", step=s.step, path=s.path, reason=s.reason)
+
+    step, path, load_s, skips, touched = checkpoint.load_newest_intact(pm.module, optim, spec.ckpt_dir, skipped)
+    resumed_from = None
+    if path is not None:
+        resumed_from = str(path)
+        if writer:
+            writer.emit("loaded", step=step, load_s=load_s, path=resumed_from, skipped=len(skips))
+    else:
+        step = 0
+        if touched:  # a failed load may have written part of a checkpoint into the weights
+            pm = parallelize(arch, spec.plan, device, spec.dp_mode, spec.seed)
+            optim = torch.optim.AdamW(pm.module.parameters(), lr=spec.lr)
     if writer:
         writer.emit("start", step=step, world_size=dist.get_world_size(), plan=spec.plan.model_dump(),
-                    resumed_from=resumed_from, setup_s=time.time() - t_launch, pid=os.getpid())
+                    resumed_from=resumed_from, setup_s=time.time() - t_launch, pid=os.getpid(),
+                    restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), skipped=len(skips))
     tp_rank = pm.mesh["tp"].get_local_rank()
     reports_loss = pm.is_last_stage and tp_rank == 0
     meta = {"job_id": spec.job_id, "plan": spec.plan.model_dump(), "world_size": dist.get_world_size(),
             "model": arch.name, "samples": 0}
-    last_ckpt = step
+    last_ckpt, last_ckpt_t = step, time.monotonic()
     while step < spec.total_steps:
         if spec.fail_at_step is not None and step == spec.fail_at_step and rank == spec.fail_rank:
             print(f"injected fault at step {step} on rank {rank}", file=sys.stderr, flush=True)
@@ -138,8 +148,10 @@ def _train(spec: TrainSpec, device: torch.device) -> int:
         optim.zero_grad(set_to_none=True)
         # one SUM all-reduce carries the loss (mean over dp shards) and the stop votes
         stop = _signalled or (rank == 0 and stop_requested(spec.run_dir))
-        red = torch.tensor([float(loss) / spec.plan.dp if reports_loss and loss is not None else 0.0, float(stop)],
-                           dtype=torch.float64, device=device)
+        # rank 0's clock decides a timed checkpoint, so every rank saves at the same step
+        timed = rank == 0 and spec.ckpt_every_s > 0 and time.monotonic() - last_ckpt_t >= spec.ckpt_every_s
+        red = torch.tensor([float(loss) / spec.plan.dp if reports_loss and loss is not None else 0.0, float(stop),
+                            float(timed)], dtype=torch.float64, device=device)
         dist.all_reduce(red)
         mem = torch.tensor([_peak_mem_bytes(device)], dtype=torch.int64, device=device)
         dist.all_reduce(mem, op=dist.ReduceOp.MAX)
@@ -150,11 +162,13 @@ def _train(spec: TrainSpec, device: torch.device) -> int:
                         samples_per_s=spec.global_batch / dt, peak_mem_bytes=int(mem[0]))
         stopping = bool(red[1] > 0)
         # with periodic checkpoints on, the final weights are kept too
-        due = spec.ckpt_interval and (step % spec.ckpt_interval == 0 or step == spec.total_steps)
+        periodic = spec.ckpt_interval > 0 or spec.ckpt_every_s > 0
+        due = (red[2] > 0 or (spec.ckpt_interval and step % spec.ckpt_interval == 0)
+               or (periodic and step == spec.total_steps))
         if (stopping or due) and step != last_ckpt:
             path, save_s = checkpoint.save(pm.module, optim, step, spec.ckpt_dir,
                                            {**meta, "samples": step * spec.global_batch}, spec.keep_checkpoints)
-            last_ckpt = step
+            last_ckpt, last_ckpt_t = step, time.monotonic()
             if writer:
                 writer.emit("checkpoint", step=step, path=str(path), save_s=save_s)
         if stopping and step < spec.total_steps:

@@ -21,6 +21,7 @@ from arena_opt.cluster import load_cluster
 from arena_opt.trace import TraceJob
 from runners.live import LiveLoop, LiveOptions
 from runners.local import LocalRunner
+from runners.managed import job_root
 from runners.process import descendants, kill_all, pid_alive
 
 pytestmark = pytest.mark.slow
@@ -56,7 +57,7 @@ def test_live_loop_replans_jobs_of_a_lost_node_and_measures(tmp_path):
             if lost is None and (tmp_path / "out" / "decisions.jsonl").exists():
                 first = json.loads((tmp_path / "out" / "decisions.jsonl").read_text().splitlines()[0])["decision"]
                 lost = next((j["job_id"] for j in first["jobs"] if "a10-000" in j["placement"]), None)
-            prog = tmp_path / "work" / "jobs" / str(lost) / "run" / "progress.jsonl"
+            prog = job_root(tmp_path / "work", str(lost)) / "run" / "progress.jsonl"
             if lost and prog.exists() and '"event":"checkpoint"' in prog.read_text():
                 removed_at = loop.now()
                 loop.remove_node("a10-000")

@@ -120,7 +120,8 @@ def test_reshape_4_2_4_dp_tp_pp_keeps_training_state(runner):
 
 
 def test_launch_progress_worker_crash_and_restart_from_checkpoint(tmp_path):
-    r = LocalRunner(tmp_path / "work", device="cpu", ckpt_interval=2, max_failures=3)
+    # no in-place restart: this is the scheduler's relaunch (the second line; tests/test_faults.py has the first)
+    r = LocalRunner(tmp_path / "work", device="cpu", ckpt_interval=2, max_failures=3, max_restarts=0)
     try:
         # wide-resnet under DDP: convolutions, and BatchNorm statistics per data-parallel shard
         spec = JobSpec(job_id="c", model="wide_resnet-1B", global_batch=8, total_steps=8, step_delay_s=0.4)
@@ -163,7 +164,7 @@ def test_launch_progress_worker_crash_and_restart_from_checkpoint(tmp_path):
 
 
 def test_job_that_keeps_failing_is_marked_failed(tmp_path):
-    r = LocalRunner(tmp_path / "work", device="cpu", max_failures=2)
+    r = LocalRunner(tmp_path / "work", device="cpu", max_failures=2, max_restarts=0)
     try:
         r.add_job(JobSpec(job_id="f", model="gpt-350M", global_batch=4, total_steps=5, fail_at_step=0))
         for _ in range(3):

@@ -20,6 +20,7 @@ from models.torch_layers import scaled_arch
 from runners.base import JobSpec, RunnerError
 from runners.dry_run import DryRunRunner
 from runners.local import LocalRunner
+from runners.names import safe_name
 from runners.progress import ProgressReader, ProgressWriter, request_stop, stop_requested
 from runners.spec import SpecError, TrainSpec, parse_spec
 from arena_opt.stages import PlanError, check_plan, default_stages, scale_plan
@@ -59,13 +60,13 @@ def test_dry_run_prints_each_nodes_torchrun_for_a_multi_node_decision(tmp_path):
         assert _opt(argv, "nproc-per-node") == "4"
         assert _opt(argv, "rdzv-backend") == "c10d"
         assert _opt(argv, "rdzv-endpoint") == "10.0.0.7:29600"  # the first node's address
-        assert _opt(argv, "rdzv-id") == "big-g0"
+        assert _opt(argv, "rdzv-id") == f"{safe_name('big')}-g0"
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpus))
         assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
         assert argv[argv.index("-m") + 1] == "runners.train"
         spec = parse_spec(json.loads(argv[argv.index("--spec-json") + 1]), "printed spec")
         assert spec.plan == plan and spec.scale is None and spec.world_size == 8
-        assert spec.run_dir == str((tmp_path / "runs" / "jobs" / "big" / "run").resolve())
+        assert spec.run_dir == str((tmp_path / "runs" / "jobs" / safe_name("big") / "run").resolve())
     # reshape: a stop request for the running launch, then the new launch as generation 1
     out.seek(0)
     out.truncate()
@@ -75,7 +76,7 @@ def test_dry_run_prints_each_nodes_torchrun_for_a_multi_node_decision(tmp_path):
     text = out.getvalue()
     assert "touch " in text and "control/stop" in text
     (env, argv), = _commands(text)
-    assert _opt(argv, "nnodes") == "1" and _opt(argv, "rdzv-id") == "big-g1"
+    assert _opt(argv, "nnodes") == "1" and _opt(argv, "rdzv-id") == f"{safe_name('big')}-g1"
     assert _opt(argv, "rdzv-endpoint") == "gpu-b:29600"  # no address given: the node id
     # preempt: only the stop request
     out.seek(0)
