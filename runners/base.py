@@ -108,6 +108,13 @@ class Runner(abc.ABC):
         """Measured iteration times collected since the last call."""
         return []
 
+    def down_nodes(self) -> set[str]:
+        """Nodes this runner found lost and not yet back: a snapshot must leave them out."""
+        return set()
+
+    def set_event_log(self, log) -> None:
+        """Where the runner's events (runners.events.EventLog) go; a runner that runs nothing has none."""
+
     def shutdown(self) -> None:
         """Stop every job; nothing the runner started may outlive this call."""
 

@@ -38,9 +38,10 @@ from arena_opt.decision import Decision
 from arena_opt.io import write_json, write_model
 from arena_opt.metrics import compute
 from arena_opt.policies.base import Policy
-from arena_opt.record import RUNNING, WAITING, JobRecord, Recorder, RunRecord, model_name
+from arena_opt.record import RUNNER_KINDS, RUNNING, WAITING, JobRecord, Recorder, RunRecord, model_name
 from arena_opt.snapshot import ClusterSnapshot, Job, Node, RunningState
 from runners.base import JobSpec, ObservedJob, Runner
+from runners.events import EventLog
 from runners.spec import Scale
 
 
@@ -117,6 +118,8 @@ class LiveLoop:
                                  events_path=self.out / "events.jsonl")
         for j in self.jobs.values():
             self.recorder.add_job(j.rec)
+        # the runner's facts into the record (and events.jsonl), every one also a console line
+        runner.set_event_log(EventLog(echo=log, sink=self._runner_event))
         self.decisions: list[dict] = self.recorder.record.decisions
         self.t0 = 0.0
         self._removed: set[str] = set()
@@ -198,6 +201,12 @@ class LiveLoop:
                 self.recorder.note(t, None, "node_lost", node=node)
                 self.log(f"[{t:7.1f}s] node {node} left the cluster")
 
+    def _runner_event(self, kind: str, job: str | None, details: dict) -> None:
+        # crash and fail are counted transitions: _account_observed records them from the runner's
+        # state and message (which carries the failing rank and its last lines)
+        if kind in RUNNER_KINDS:
+            self.recorder.note(self.now(), job, kind, **details)  # type: ignore[arg-type]
+
     def _observe(self, t: float) -> dict[str, ObservedJob]:
         """Sample the runner: jobs whose submission has come are added, what it saw happen goes into
         the record (decisions are accounted in _account_decision) and the timeline gets a point."""
@@ -270,7 +279,9 @@ class LiveLoop:
                        {f"{m}|{g}": f for (m, g), f in getattr(est, "correction", {}).items()})
 
     def _snapshot(self, t: float, obs: dict[str, ObservedJob]) -> ClusterSnapshot:
-        live_nodes = {n.id for n in self.nodes}
+        down = self.runner.down_nodes()  # lost, not (yet) back: nothing is placed there
+        nodes = [n for n in self.nodes if n.id not in down]
+        live_nodes = {n.id for n in nodes}
         jobs = []
         for jid, j in self.jobs.items():
             o = obs.get(jid)
@@ -291,7 +302,7 @@ class LiveLoop:
                 max_gpus=tj.max_gpus, requested_gpu_type=tj.gpu_type,
                 requested_num_gpus=tj.num_gpus, running=running, attained_service_s=j.rec.gpu_seconds,
                 waited_s=j.rec.waited_until(t)))
-        return ClusterSnapshot(time=t, gpu_catalog=self.cluster.gpu_catalog, nodes=self.nodes, jobs=jobs)
+        return ClusterSnapshot(time=t, gpu_catalog=self.cluster.gpu_catalog, nodes=nodes, jobs=jobs)
 
     def _account_decision(self, t: float, decision: Decision, obs: dict[str, ObservedJob]) -> None:
         for jd in decision.jobs:

@@ -300,10 +300,10 @@ class ManagedRunner(Runner):
         j.message = None
         j.window, j.seen_steps = [], 0
         where = ", ".join(f"{n}:{len(g)}" for n, g in jd.placement.items())
-        self._emit("relaunch" if relaunch else "launch", j,
+        self._emit("launch", j,
                    f"launch {j.generation - 1}: {jd.plan.describe()} on {where}"
                    + (f" after {j.failures} crash(es)" if relaunch else ""),
-                   generation=j.generation - 1, plan=jd.plan.describe(), placement=jd.placement,
+                   generation=j.generation - 1, relaunch=relaunch, plan=jd.plan.describe(), placement=jd.placement,
                    log=j.log_paths[0] if j.log_paths else None)
 
     def _reject(self, j: _Job, msg: str) -> None:
@@ -324,7 +324,7 @@ class ManagedRunner(Runner):
                 pass
             j.handle = None
         j.state, j.message = "failed", msg
-        self._emit("failed", j, msg, log=j.log_paths[0] if j.log_paths else None)
+        self._emit("fail", j, msg, log=j.log_paths[0] if j.log_paths else None)
 
     def _crashed(self, j: _Job, msg: str, counts: bool) -> None:
         if counts:
@@ -404,7 +404,7 @@ class ManagedRunner(Runner):
                 # a load is the truth about what is on disk: it may be older than the newest saved
                 j.ckpt_step = ev["step"]
             elif kind == "ckpt_skipped":
-                self._emit("ckpt_fallback", j, f"checkpoint of step {ev['step']} skipped: {ev['reason']}",
+                self._emit("checkpoint_fallback", j, f"checkpoint of step {ev['step']} skipped: {ev['reason']}",
                            step=ev["step"], path=ev.get("path"), reason=ev["reason"])
             elif kind == "start":
                 start = ev.get("step", 0)
@@ -412,13 +412,13 @@ class ManagedRunner(Runner):
                 j.steps_lost += lost
                 if ev.get("skipped") and ev.get("resumed_from") is None:
                     j.ckpt_step = None
-                    self._emit("scratch", j, "no intact checkpoint: starts again from step 0",
-                               steps_lost=lost)
+                    self._emit("checkpoint_fallback", j, "no intact checkpoint: starts again from step 0",
+                               scratch=True, step=0, steps_lost=lost)
                 if ev.get("restart"):
                     j.seen_steps, j.window = 0, []
                     rank, rc, tail = self._failed_rank(j)
                     who = f"rank {rank} exited {rc}" if rank is not None else "a worker failed"
-                    self._emit("restart", j, f"restarted in place by torchrun (restart {ev['restart']}): {who}; "
+                    self._emit("restart_in_place", j, f"restarted in place by torchrun (restart {ev['restart']}): {who}; "
                                              f"resumed from step {start}, {lost} step(s) lost"
                                + (f"; last lines: {' | '.join(tail)}" if tail else ""),
                                restart=ev["restart"], rank=rank, exit_code=rc, step=start, steps_lost=lost,
