@@ -163,20 +163,57 @@ def _highs():
     return _HIGHS
 
 
-def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: np.ndarray | None = None):
+def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: np.ndarray | None = None,
+              options: dict | None = None):
     """Solve a highspy HighsLp on the process's one HiGHS instance (the arena MILP and the baselines'
-    0/1 programs alike). `start`: values of the first len(start) columns as an initial incumbent.
+    0/1 programs alike). `start`: values of the first len(start) columns as an initial incumbent;
+    `options`: further HiGHS options for this solve only (restored afterwards: the instance is shared).
     Returns (HiGHS's status word, its info, the column values or None without a feasible point)."""
     h = _highs()
     h.clearModel()
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     h.setOptionValue("threads", int(solver_threads(threads)))
-    h.passModel(lp)
-    if start is not None:
-        h.setSolution(len(start), np.arange(len(start), dtype=np.int32), np.asarray(start, dtype=float))
-    h.run()
+    saved = {k: h.getOptionValue(k)[1] for k in options or {}}  # (status, value)
+    for k, v in (options or {}).items():
+        h.setOptionValue(k, v)
+    try:
+        h.passModel(lp)
+        if start is not None:
+            h.setSolution(len(start), np.arange(len(start), dtype=np.int32), np.asarray(start, dtype=float))
+        h.run()
+    finally:
+        for k, v in saved.items():
+            h.setOptionValue(k, v)
     word = h.modelStatusToString(h.getModelStatus())
     info = h.getInfo()
     has = info.primal_solution_status >= 2  # feasible point available
     return word, info, (np.asarray(h.getSolution().col_value) if has else None)
+
+
+class shared_highs:
+    """The process's HiGHS instance for a caller that drives it itself (adds columns, re-solves warm):
+    `with shared_highs(...) as h: h.model.passModel(...)`; the options given are restored on exit."""
+
+    def __init__(self, *, time_limit_s: float, threads: int, options: dict | None = None):
+        self.model = _highs()
+        self.model.clearModel()
+        self.model.setOptionValue("time_limit", float(time_limit_s))
+        self.model.setOptionValue("threads", int(solver_threads(threads)))
+        self.options = options or {}
+        self.saved = {k: self.model.getOptionValue(k)[1] for k in self.options}  # (status, value)
+
+    def __enter__(self):
+        for k, v in self.options.items():
+            self.model.setOptionValue(k, v)
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            self.model.setOptionValue(k, v)
+        return False
+
+
+def highs_solution():
+    """The last `run_highs` solve's full solution (row duals included), or None before any."""
+    return None if _HIGHS is None else _HIGHS.getSolution()

@@ -53,9 +53,17 @@ class PerfEstimator:
         return self.planner.params
 
     def grid(self, arch: Arch, batch: int, gpu: GpuSpec, intra_link: str | None, shape: GridShape) -> GridPlans:
+        if not self.in_scope(arch.name, batch, shape.gpu_type, shape.nodes, shape.gpus_per_node):
+            return GridPlans(None)
         plans = self.planner.plan(arch, batch, shape.gpu_type, gpu, intra_link, shape.nodes, shape.gpus_per_node,
                                   shape.pp)
         return self._adjust(arch, batch, gpu, intra_link, shape, plans)
+
+    def in_scope(self, model: str, batch: int, gpu_type: str, nodes: int, gpus_per_node: int) -> bool:
+        """False when `grid` is infeasible for this shape whatever the planner finds (strict mode, shape
+        not in the table): callers walking many shapes skip the planner there."""
+        return not (self.table is not None and self.table_mode == "strict"
+                    and not self.table.has(model, batch, gpu_type, nodes, gpus_per_node))
 
     def best(self, arch: Arch, batch: int, gpu: GpuSpec, intra_link: str | None, gpu_type: str, nodes: int,
              gpus_per_node: int) -> PlanResult | None:
@@ -83,8 +91,6 @@ class PerfEstimator:
                 # The table holds the shape's best plan (its plan is not recorded): the model's fastest
                 # pipeline depth gets the measured time, the others keep their modelled ratio to it.
                 return _scaled(plans, measured / model_best * factor)
-            if self.table_mode == "strict":
-                return GridPlans(None)
         return plans if factor == 1.0 else _scaled(plans, factor)
 
     def _model_best_time(self, arch, batch, gpu, intra_link, shape: GridShape) -> float | None:

@@ -115,6 +115,48 @@ def cmd_bench(args) -> int:
     return 1 if info["failed"] else 0
 
 
+def _bound_options(args):
+    from pydantic import ValidationError
+
+    from arena_opt.bound import BoundOptions
+
+    try:
+        return BoundOptions(epsilon=args.epsilon, time_limit_s=args.bound_time_limit, method=args.bound_method)
+    except ValidationError as e:
+        err = e.errors()[0]
+        name = {"epsilon": "epsilon", "time_limit_s": "bound-time-limit", "method": "bound-method"}.get(
+            str(err["loc"][0]), str(err["loc"][0]))
+        raise InputError(f"--{name}: {err['msg']} (value {err.get('input')!r})") from None
+
+
+def cmd_bound(args) -> int:
+    import json
+
+    from arena_opt.sim.bound import config_bound
+
+    cfg = _config(args, "arena")
+    res, record = config_bound(cfg, _bound_options(args))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
+    if res.avg_jct_bound_s is None:
+        print(f"error: no bound: HiGHS ended with status {res.status!r} without usable duals", file=sys.stderr)
+        return 1
+    print(f"average JCT >= {res.avg_jct_bound_s:,.1f} s over {res.jobs} jobs ({res.rejected} rejected: no grid "
+          f"runs them); contention-free {res.contention_free_s:,.1f} s; LP status {res.status}, "
+          f"{res.columns:,} columns, {record['total_s']:.1f} s")
+    return 0
+
+
+def _bound_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epsilon", type=float, default=0.25,
+                   help="LP time blocks at most this times the job's age (smaller: tighter, larger LP; default 0.25)")
+    p.add_argument("--bound-time-limit", type=float, default=900.0,
+                   help="seconds for the LP (a valid but weaker bound comes back at the limit; default 900)")
+    p.add_argument("--bound-method", default="colgen", choices=["colgen", "full"],
+                   help="column generation (default) or every LP column at once")
+
+
 def _summary(con, results: list[dict]) -> None:
     from rich.table import Table
 
@@ -169,6 +211,12 @@ def register(sub) -> None:
     b.add_argument("--timeout", type=float, help="give up on a policy after this many seconds")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=cmd_bench)
+
+    lb = sub.add_parser("bound", help="a provable lower bound on the average JCT of any schedule (LP relaxation)")
+    _run_args(lb)
+    _bound_args(lb)
+    lb.add_argument("-o", "--output", help="write the bound's record (JSON) here")
+    lb.set_defaults(func=cmd_bound)
 
     g = sub.add_parser("gen-trace", help="write a synthetic trace with Philly-like arrivals and sizes")
     g.add_argument("--cluster", required=True, help="cluster spec the jobs are sized for")
