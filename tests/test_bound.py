@@ -16,7 +16,8 @@ from arena_opt.cli import main
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.policies import REGISTRY
 from arena_opt.reconfig import PRESETS
-from arena_opt.sim import SimOptions, load_cluster, simulate
+from arena_opt.cluster import load_cluster
+from arena_opt.sim import SimOptions, simulate
 from arena_opt.sim.gen import GenOptions, generate
 from arena_opt.sim.metrics import compute
 
@@ -99,20 +100,17 @@ MODELS = ("gpt-350M", "bert-760M", "moe-690M")
 
 
 @pytest.fixture(scope="module")
-def estimator():
-    return PerfEstimator(table_mode="off")  # one plan cache for the whole module
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    return load_cluster("a100:2x4,a40:2x2")
+def setup():
+    """A small two-type cluster and one analytical truth (its plan cache shared by every example)."""
+    return load_cluster("a100:2x4,a40:2x2"), PerfEstimator(table_mode="off")
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), jobs=st.integers(2, 8), load=st.floats(0.5, 2.5),
        interval=st.sampled_from([60.0, 300.0]))
-def test_bound_below_every_policy(seed, jobs, load, interval, cluster, estimator):
+def test_bound_below_every_policy(seed, jobs, load, interval, setup):
+    cluster, estimator = setup
     trace = generate(cluster, GenOptions(jobs=jobs, seed=seed, load=load, models=MODELS, batch_sizes=(128,),
                                          duration_median_s=1200, duration_max_s=4 * 3600), estimator)
     inst = build_instance([t.to_job() for t in trace], cluster, estimator, interval_s=interval,

@@ -45,6 +45,8 @@ class BoundOptions(BaseModel):
                                     "all of them; full: every column at once")
     solver: str = Field("ipm", pattern="^(choose|simplex|ipm)$", description="HiGHS solver of method full")
     max_add: PositiveInt = Field(20000, description="columns added per column-generation round at most")
+    gap: float = Field(1e-5, ge=0.0, description="column generation stops when the bound is within this "
+                                                  "fraction of the restricted LP's value")
 
 
 @dataclass
@@ -193,11 +195,13 @@ def build(inst: BoundInstance, opts: BoundOptions, horizon: int) -> _Model:
         rm = add_rows(1, 0.0, 0.0)
         nz(rm, m_first + j, 1.0)
         nz(rm, ycols.ravel(), -(inv_p * starts[None, :]).ravel())
-        # one grid at a time: sum_g y[g, b] <= usable (the tail is unbounded)
+        # one grid at a time: sum_g y[g, b] <= usable; implied where usable >= the longest run (the y of a
+        # job sum to at most that) and in the unbounded tail
         fin = np.isfinite(usable)
-        if k > 1 and fin.any():
-            ro = add_rows(int(fin.sum()), -np.inf, usable[fin])
-            nz(np.tile(np.arange(ro, ro + int(fin.sum())), k), ycols[:, fin].ravel(), 1.0)
+        one = usable < p.max()
+        if k > 1 and one.any():
+            ro = add_rows(int(one.sum()), -np.inf, usable[one])
+            nz(np.tile(np.arange(ro, ro + int(one.sum())), k), ycols[:, one].ravel(), 1.0)
         ids = []
         for c, ln in blocks:
             key = (ln.bit_length() - 1, c // ln)
@@ -209,8 +213,9 @@ def build(inst: BoundInstance, opts: BoundOptions, horizon: int) -> _Model:
         ys_gpus.append(np.repeat(gpus, nb))
         ys_tail.append(np.tile(~fin, k))
         ys_inv_p.append(inv_p.ravel())
-        # the master starts with every grid's blocks up to twice its run time after the release, and the tail
-        ys_first.append(((starts[None, :] < rel[j] + 2 * p[:, None]) | ~fin[None, :]).ravel())
+        # the master starts with the job alone on its fastest grid from its release, and every grid's tail
+        fastest = (p == p.min())[:, None]
+        ys_first.append(((fastest & (starts[None, :] < rel[j] + 2 * p.min())) | ~fin[None, :]).ravel())
     ycol = np.concatenate(ys_cols)
     yblk = np.concatenate(ys_block)
     ytyp = np.concatenate(ys_type)
@@ -409,9 +414,10 @@ def _run_colgen(m: _Model, opts: BoundOptions, deadline: float):
             obj = h.model.getInfo().objective_function_value
             d = m.cost - np.bincount(m.cols, weights=m.vals * duals[m.rows], minlength=len(m.cost))
             cand = np.flatnonzero(~in_master & (d < -1e-9))
-            if len(cand) == 0 or time.perf_counter() > deadline:
-                if len(cand):
-                    word = "time_limit"
+            if len(cand) == 0 or obj - best <= opts.gap * abs(obj):
+                break
+            if time.perf_counter() > deadline:
+                word = "time_limit"
                 break
             if len(cand) > opts.max_add:
                 cand = cand[np.argpartition(d[cand], opts.max_add)[: opts.max_add]]
