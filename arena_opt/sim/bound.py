@@ -33,7 +33,7 @@ def config_bound(cfg: RunConfig, opts: BoundOptions | None = None) -> tuple[Boun
     if not inst.jobs:
         raise InputError(f"{cfg.trace}: no job of the trace runs on any grid of this cluster")
     res = solve(inst, opts)
-    record = res.as_dict() | {"config": cfg.model_dump(exclude={"policy", "noise", "seed", "replan",
+    record = res.as_dict() | {"config": cfg.model_dump(exclude={"policy", "policy_options", "noise", "seed", "replan",
                                                                  "replan_on_ready", "plan_cache"}),
                               "grids": sum(len(j.grids) for j in inst.jobs),
                               "grids_before_reduction": inst.grids_before_frontier,
