@@ -19,7 +19,7 @@ from arena_opt.reconfig import PRESETS
 from arena_opt.cluster import load_cluster
 from arena_opt.sim import SimOptions, simulate
 from arena_opt.sim.gen import GenOptions, generate
-from arena_opt.sim.metrics import compute
+from arena_opt.metrics import compute
 
 FULL = BoundOptions(method="full", solver="simplex")
 
