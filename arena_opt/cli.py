@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from arena_opt.errors import InputError
+from arena_opt.errors import InputError, Interrupted
 
 PRESETS = {
     # name: (GPU type -> (nodes, GPUs per node), jobs)
@@ -220,16 +220,31 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 done, 1 the command failed, 2 bad input, 130 / 143 stopped by SIGINT / SIGTERM
+    (finished results kept, no result file written half-way)."""
     args = build_parser().parse_args(argv)
+    import signal
+
+    # SIGTERM as SIGINT: both unwind through the commands' cleanup (a bench stops its workers)
+    old = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return int(args.func(args) or 0)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        code = e.exit_code if isinstance(e, Interrupted) else 130
+        name = str(e) if isinstance(e, Interrupted) else "SIGINT"
+        print(f"interrupted by {name}: stopped; result files already written are complete, none was "
+              f"written half-way (exit {code})", file=sys.stderr)
+        return code
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from arena_opt.errors import InputError
+from arena_opt.errors import InputError, Interrupted
 from arena_opt.policies.flags import add_policy_args
 from runners.spec import DEFAULT_CKPT_EVERY_S
 
@@ -195,7 +195,7 @@ def _live(args, snap) -> int:
                     log=lambda s: print(s, flush=True))
 
     def _term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # the loop's finally stops every job
+        raise Interrupted(signum)  # the loop's finally stops every job; exit 143
 
     from runners.base import RunnerError
 

@@ -13,11 +13,12 @@ import threading
 import time
 from pathlib import Path
 
+from arena_opt.errors import Interrupted
+from arena_opt.io import atomic_write, write_json
 from arena_opt.policies import check_name
 from arena_opt.sim.config import RunConfig, user_plan_cache, warm_plan_cache
 from arena_opt.sim.plots import plot_all
 from arena_opt.sim.results import markdown_table
-from arena_opt.io import atomic_write
 
 ALL = ["fcfs", "gavel", "sia", "elasticflow", "arena-greedy", "arena"]
 
@@ -56,12 +57,25 @@ def run_bench(base: RunConfig, policies: list[str], out_dir: str | Path, *, para
         walls = _run_workers(jobs, parallel, show_progress, timeout_s, info)
     info["process_wall_s"] = walls
     results = []
+    status: dict[str, str] = {}
+    not_run = info.get("not_run", [])
     for p, _, out in jobs:
-        if out.is_file() and p not in info["failed"]:
+        if p in not_run:
+            status[p] = f"not run (interrupted by {info['interrupted']['signal']})"
+        elif p in info["failed"]:
+            status[p] = f"failed: {info['failed'][p]}"
+        elif p in walls and out.is_file():  # finished in this bench: an older file is not its result
             results.append(json.loads(out.read_text()))
+            status[p] = "finished"
+        else:
+            status[p] = "no result"
+    write_json(out_dir / "status.json", status)
+    lines = [markdown_table(results)] if results else []
+    lines += [f"- {p}: {s}" for p, s in status.items() if s != "finished"]
+    atomic_write(out_dir / "results.md", "\n\n".join(lines) + "\n")
     if results:
-        atomic_write(out_dir / "results.md", markdown_table(results) + "\n")
         info["plots"] = [str(x) for x in plot_all(results, out_dir)]
+    info["status"] = status
     return results, info
 
 
@@ -84,37 +98,47 @@ def _run_workers(jobs, parallel: int, show_progress: bool, timeout_s, info) -> d
     with Progress(TextColumn("{task.description:>14}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not show_progress) as prog:
         tasks = {p: prog.add_task(p, total=None, start=False) for p, _, _ in jobs}
-        while pending or running:
-            while pending and len(running) < max(1, parallel):
-                p, cfg_path, out = pending.pop(0)
-                err = open(cfg_path.with_suffix(".err"), "w+")
-                proc = subprocess.Popen([sys.executable, "-m", "arena_opt.sim.worker", str(cfg_path), str(out)],
-                                        stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-                th = threading.Thread(target=reader, args=(p, proc.stdout), daemon=True)
-                th.start()
-                prog.start_task(tasks[p])
-                running[p] = (proc, time.perf_counter(), err, th)
-            for p, (proc, t0, err, th) in list(running.items()):
-                if p in state:
-                    prog.update(tasks[p], completed=state[p][0], total=state[p][1])
-                timed_out = timeout_s is not None and time.perf_counter() - t0 > timeout_s
-                if timed_out:
-                    proc.kill()
-                if proc.poll() is None:
-                    continue
-                walls[p] = time.perf_counter() - t0
-                th.join(timeout=5)
-                err.seek(0)
-                lines = err.read().strip().splitlines()
-                err.close()
-                if timed_out:
-                    info["failed"][p] = f"timed out after {timeout_s:.0f} s"
-                elif proc.returncode != 0:
-                    info["failed"][p] = lines[-1] if lines else f"exit code {proc.returncode}"
-                if p in info["failed"]:
-                    prog.update(tasks[p], description=f"{p} FAILED")
-                elif p in state:
-                    prog.update(tasks[p], completed=state[p][0], total=state[p][1])
-                del running[p]
-            time.sleep(0.1)
+        try:
+            while pending or running:
+                while pending and len(running) < max(1, parallel):
+                    p, cfg_path, out = pending.pop(0)
+                    err = open(cfg_path.with_suffix(".err"), "w+")
+                    proc = subprocess.Popen([sys.executable, "-m", "arena_opt.sim.worker", str(cfg_path), str(out)],
+                                            stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+                    th = threading.Thread(target=reader, args=(p, proc.stdout), daemon=True)
+                    th.start()
+                    prog.start_task(tasks[p])
+                    running[p] = (proc, time.perf_counter(), err, th)
+                for p, (proc, t0, err, th) in list(running.items()):
+                    if p in state:
+                        prog.update(tasks[p], completed=state[p][0], total=state[p][1])
+                    timed_out = timeout_s is not None and time.perf_counter() - t0 > timeout_s
+                    if timed_out:
+                        proc.kill()
+                    if proc.poll() is None:
+                        continue
+                    walls[p] = time.perf_counter() - t0
+                    th.join(timeout=5)
+                    err.seek(0)
+                    lines = err.read().strip().splitlines()
+                    err.close()
+                    if timed_out:
+                        info["failed"][p] = f"timed out after {timeout_s:.0f} s"
+                    elif proc.returncode != 0:
+                        info["failed"][p] = lines[-1] if lines else f"exit code {proc.returncode}"
+                    if p in info["failed"]:
+                        prog.update(tasks[p], description=f"{p} FAILED")
+                    elif p in state:
+                        prog.update(tasks[p], completed=state[p][0], total=state[p][1])
+                    del running[p]
+                time.sleep(0.1)
+        except KeyboardInterrupt as e:
+            # stop what runs (their result files are written atomically: none is left half-way) and
+            # say which policies did not run; the finished ones keep their results
+            for proc, *_ in running.values():
+                proc.kill()
+                proc.wait()
+            info["interrupted"] = {"signal": str(e) if isinstance(e, Interrupted) else "SIGINT",
+                                   "exit_code": e.exit_code if isinstance(e, Interrupted) else 130}
+            info["not_run"] = [*running, *(p for p, _, _ in pending)]
     return walls

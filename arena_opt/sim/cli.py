@@ -111,7 +111,12 @@ def cmd_bench(args) -> int:
         con.print(f"[red]{p} failed:[/red] {why}")
     out = Path(args.output_dir)
     print(f"planner warm-up {info['plan_warmup_s']:.1f} s; results in {out}/ (one JSON per policy, results.md, "
-          f"{len(info.get('plots', []))} plots)")
+          f"status.json, {len(info.get('plots', []))} plots)")
+    if "interrupted" in info:
+        stop = info["interrupted"]
+        print(f"interrupted by {stop['signal']}: not run: {', '.join(info['not_run'])}; the finished policies' "
+              f"results are kept (exit {stop['exit_code']})", file=sys.stderr)
+        return stop["exit_code"]
     return 1 if info["failed"] else 0
 
 

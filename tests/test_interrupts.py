@@ -1,0 +1,74 @@
+"""`arena-opt simulate` and `bench` stopped by SIGTERM: a message, exit 143
+(128 + SIGTERM), the previous result file untouched, a bench keeping the
+policies it finished and marking the rest as not run, no worker left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runners.process import descendants, pid_alive
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "ARENA_OPT_CACHE": ""}
+    return subprocess.Popen([sys.executable, "-m", "arena_opt.cli", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "t.jsonl"
+    p = _cli("gen-trace", "--cluster", "a100:4x8", "-o", str(path), "--jobs", "300", "--seed", "1")
+    assert p.wait(120) == 0, p.stderr.read()
+    return path
+
+
+def test_sigterm_of_simulate_keeps_the_previous_result(tmp_path, trace):
+    out = tmp_path / "sim"
+    out.mkdir()
+    (out / "arena.json").write_text('{"previous": true}')
+    p = _cli("simulate", "--trace", str(trace), "--cluster", "a100:4x8", "--policy", "arena", "-o", str(out),
+             "--quiet")
+    time.sleep(6)  # well inside the simulation (it runs for minutes)
+    assert p.poll() is None, p.communicate()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert "interrupted by SIGTERM" in err and "Traceback" not in err
+    assert json.loads((out / "arena.json").read_text()) == {"previous": True}
+    assert [f.name for f in out.iterdir()] == ["arena.json"]
+
+
+def test_interrupted_bench_keeps_finished_policies_and_marks_the_rest(tmp_path, trace):
+    out = tmp_path / "bench"
+    p = _cli("bench", "--trace", str(trace), "--cluster", "a100:4x8", "--policies", "fcfs,arena", "-o", str(out),
+             "--quiet")
+    seen: set[int] = set()
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "fcfs.json").exists():
+        seen.update(descendants(p.pid))
+        time.sleep(0.2)
+    assert (out / "fcfs.json").exists(), p.communicate()
+    time.sleep(1.0)
+    seen.update(descendants(p.pid))  # the arena worker
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert "not run: arena" in err and "Traceback" not in err
+    status = json.loads((out / "status.json").read_text())
+    assert status["fcfs"] == "finished" and status["arena"].startswith("not run (interrupted by SIGTERM")
+    md = (out / "results.md").read_text()
+    assert "| fcfs |" in md and "arena: not run" in md
+    assert not (out / "arena.json").exists()
+    assert json.loads((out / "fcfs.json").read_text())["policy"] == "fcfs"
+    assert not [q for q in seen if pid_alive(q)], "a bench worker outlived the bench"
