@@ -414,6 +414,10 @@ class ManagedRunner(Runner):
                     j.ckpt_step = None
                     self._emit("checkpoint_fallback", j, "no intact checkpoint: starts again from step 0",
                                scratch=True, step=0, steps_lost=lost)
+                elif ev.get("skipped"):
+                    self._emit("checkpoint_fallback", j, f"resumed from step {start}, the newest intact checkpoint "
+                                                         f"({ev['skipped']} newer skipped), {lost} step(s) lost",
+                               resumed=True, step=start, steps_lost=lost)
                 if ev.get("restart"):
                     j.seen_steps, j.window = 0, []
                     rank, rc, tail = self._failed_rank(j)
@@ -495,7 +499,9 @@ class ManagedRunner(Runner):
             self._emit("exit", j, f"launch {gen} stopped", reason="stopped", step=p.step)
         else:
             resume = newest_complete(j.ckpt_dir)
-            where = f"step {resume[0]} (newest complete checkpoint)" if resume else "step 0 (no complete checkpoint)"
+            # sizes only (checksums are the loader's job): the step really loaded is reported then
+            where = (f"its newest intact checkpoint (newest complete on disk: step {resume[0]})" if resume
+                     else "step 0 (no complete checkpoint)")
             if node_lost:
                 what = f"lost with node {node_lost}"
             elif killed or stopping:
