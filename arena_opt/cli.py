@@ -88,7 +88,7 @@ def cmd_solve(args) -> int:
 
 def cmd_plan(args) -> int:
     from arena_opt.gpus import BUILTIN_GPUS, canonical_gpu
-    from arena_opt.grids import compact_shape
+    from arena_opt.grids import GridCatalog, compact_shape
     from arena_opt.perf.estimator import GridShape
     from arena_opt.report import print_plans
     from models.catalog import get_arch
@@ -105,10 +105,11 @@ def cmd_plan(args) -> int:
         raise InputError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {gpn}")
     nodes, per = compact_shape(args.gpus, gpn)
     est = _estimator(args)
+    catalog = GridCatalog.of(est)
     rows = []
     pp = 1
     while pp <= args.gpus:
-        plans = est.grid(arch, args.batch, BUILTIN_GPUS[gpu], None, GridShape(gpu, nodes, per, pp))
+        plans = catalog.plans(arch, args.batch, BUILTIN_GPUS[gpu], None, GridShape(gpu, nodes, per, pp))
         rows.append((pp, plans))
         pp *= 2
     _save_plans(est)

@@ -22,13 +22,14 @@ class Contention:
         self.jobs = {j.id: j for j in snapshot.jobs}
         self.placed: dict[str, JobLoads] = {}
         self.users: dict[str, list[str]] = {}  # resource -> job ids, in placement order
-        self._comm: dict[str, JobComm] = {}
+        self._comm: dict[tuple, JobComm] = {}
         self._order: dict[str, int] = {}
 
     def comm(self, job_id: str, grid: Grid) -> JobComm:
-        hit = self._comm.get(job_id)
+        key = (job_id, grid.pool, grid.shape, grid.current)  # a policy may try one job on several grids
+        hit = self._comm.get(key)
         if hit is None:
-            hit = self._comm[job_id] = self._job_comm(job_id, grid)
+            hit = self._comm[key] = self._job_comm(job_id, grid)
         return hit
 
     def _job_comm(self, job_id: str, grid: Grid) -> JobComm:
@@ -89,6 +90,15 @@ class Contention:
         self._order[job_id] = len(self._order)
         for r in loads:
             self.users.setdefault(r, []).append(job_id)
+
+    def remove(self, job_id: str) -> None:
+        """Unregister a job (its GPUs were given back); nothing if it was not registered."""
+        jl = self.placed.pop(job_id, None)
+        if jl is None:
+            return
+        del self._order[job_id]
+        for r in jl.loads:
+            self.users[r].remove(job_id)
 
     def slowdowns(self) -> dict[str, float]:
         """Slowdown factor (>= 1) of every registered job that loads a shared link; others run at 1."""

@@ -1,15 +1,19 @@
 """Grids: the joint (GPU type, GPU count and node shape, pipeline depth) options of each job,
-each with its proxy plan from the planner. Level 1 chooses among these."""
+each with its proxy plan from the planner. Level 1 chooses among these; the baselines choose a
+(type, count) among them. `GridCatalog` is the only place they are computed and cached."""
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf.estimator import GridShape, PerfEstimator
-from arena_opt.perf.planner import PlanResult
+from arena_opt.perf.planner import GridPlans, PlanResult
 from arena_opt.snapshot import ClusterSnapshot, Job, Node
+from models.catalog import Arch
 
 
 @dataclass(frozen=True)
@@ -77,39 +81,202 @@ def compact_shape(n: int, gpus_per_node: int) -> tuple[int, int]:
     return (1, n) if n <= gpus_per_node else (n // gpus_per_node, gpus_per_node)
 
 
-def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, max_gpus_default: int = 16,
-              prune: bool = False, pool_map: dict[tuple, Pool] | None = None,
-              node_map: dict[str, Node] | None = None, context: tuple | None = None) -> list[Grid]:
-    """All grids of one job: compact shapes on every allowed pool and power-of-two count. Only the best
-    pipeline depth of each (pool, count) is kept (the others use the same GPUs for less);
-    `prune` also drops dominated grids (see drop_dominated). The running allocation is
-    always kept as the `current` grid."""
-    pool_map = pool_map if pool_map is not None else pools(snapshot)
-    node_map = node_map if node_map is not None else {n.id: n for n in snapshot.nodes}
-    context = context if context is not None else _context(snapshot, pool_map)
-    cur_key = _current_shape(job, node_map)
-    model_key = job.model if isinstance(job.model, str) else job.arch
-    key = (model_key, job.batch_size, job.min_gpus, job.max_gpus, tuple(job.allowed_gpu_types or ()),
-           max_gpus_default, context)
-    cache = estimator.job_grid_cache
-    entry = cache.get(key)
-    if entry is None:
-        entry = cache[key] = _JobOptions(_options(job, snapshot, estimator, pool_map, max_gpus_default))
-    # jobs of one workload share these; a round only stamps the job id and the running grid on them
-    cands = entry.pruned() if prune else entry.best()
-    out = [Grid(job.id, pk, shape, proxy, pareto, cur_key == (pk, shape.nodes, shape.gpus_per_node, shape.pp))
-           for pk, (shape, proxy, pareto) in cands]
-    if cur_key is not None and not any(g.current for g in out):
-        hit = next(((pk, c) for pk, cs in entry.per_pool for c in cs
-                    if cur_key == (pk, c[0].nodes, c[0].gpus_per_node, c[0].pp)), None)
-        if hit is not None:
-            shape, proxy, pareto = hit[1]
-            out.append(Grid(job.id, hit[0], shape, proxy, pareto, True))
-        else:
-            g = _current_grid(job, snapshot, estimator, snapshot.catalog[job.running.gpu_type], cur_key)
+class GridCatalog:
+    """The one place where a job's grids and their estimated speeds are computed and cached.
+
+    Every user asks the estimator's catalogue (`GridCatalog.of(estimator)`): the policies, the
+    simulator's truth lookups, `arena-opt plan`, the plan-cache warmers and the live loop (through its
+    policy). Entries hold for one `PerfEstimator.version`; `observe()` bumps it and the next lookup
+    starts over, so an online correction reaches every policy at once, whatever snapshot comes next.
+
+    A workload's options (every pipeline depth per pool and power-of-two count) are computed once per
+    (model, batch, limits, cluster pools); a round only stamps a job id and the running grid on them."""
+
+    _of: "weakref.WeakKeyDictionary[PerfEstimator, GridCatalog]" = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, estimator: PerfEstimator) -> "GridCatalog":
+        cat = cls._of.get(estimator)
+        if cat is None:
+            cat = cls._of[estimator] = cls(estimator)
+        return cat
+
+    def __init__(self, estimator: PerfEstimator):
+        self._estimator = weakref.ref(estimator)  # the catalogue must not keep its estimator alive
+        self._version = estimator.version
+        self._plans: dict[tuple, GridPlans] = {}
+        self._workloads: dict[tuple, _JobOptions] = {}
+        self._by_job: dict[str, tuple] = {}  # job id -> (its workload entry, options by (type, count))
+        self._current: dict[str, tuple] = {}  # job id -> (entry, placement, plan, running grid)
+        self._derived: dict[tuple, tuple] = {}  # (job id, what) -> (its options, value)
+        self._cluster: _Cluster | None = None
+        self._contexts: dict[tuple, int] = {}  # cluster context -> a small key for the workload entries
+
+    @property
+    def estimator(self) -> PerfEstimator:
+        return self._estimator()
+
+    def _fresh(self) -> None:
+        """Drop everything computed under an older estimator version."""
+        v = self.estimator.version
+        if v != self._version:
+            self._plans.clear()
+            self._workloads.clear()
+            self._by_job.clear()
+            self._current.clear()
+            self._derived.clear()
+            self._version = v
+
+    # ---- estimates of one shape ------------------------------------------------------------------
+    def plans(self, arch: Arch, batch: int, gpu: GpuSpec, intra_link: str | None, shape: GridShape) -> GridPlans:
+        """The estimator's plans of one grid shape (proxy and Pareto set), at the current version."""
+        self._fresh()
+        key = (arch, batch, gpu, intra_link, shape)
+        hit = self._plans.get(key)
+        if hit is None:
+            hit = self._plans[key] = self.estimator.grid(arch, batch, gpu, intra_link, shape)
+        return hit
+
+    # ---- a job's grids -----------------------------------------------------------------------------
+    def grids(self, job: Job, snapshot: ClusterSnapshot, *, max_gpus_default: int = 16,
+              prune: bool = False) -> list[Grid]:
+        """All grids of one job: compact shapes on every allowed pool and power-of-two count. Only the
+        best pipeline depth of each (pool, count) is kept (the others use the same GPUs for less);
+        `prune` also drops dominated grids (see drop_dominated). The running allocation is always
+        kept, as the `current` grid."""
+        cl = self.cluster(snapshot)
+        entry = self._entry(job, cl, max_gpus_default)
+        cur_key = _current_shape(job, cl.node_map)
+        cands = entry.pruned() if prune else entry.best()
+        out = [Grid(job.id, pk, shape, proxy, pareto, cur_key == (pk, shape.nodes, shape.gpus_per_node, shape.pp))
+               for pk, (shape, proxy, pareto) in cands]
+        if cur_key is not None and not any(g.current for g in out):
+            g = self._running_grid(job, cl, entry, cur_key)
             if g is not None:
                 out.append(g)
-    return out
+        return out
+
+    def all_grids(self, snapshot: ClusterSnapshot, *, max_gpus_default: int = 16) -> dict[str, list[Grid]]:
+        """`grids(prune=True)` of every job of the snapshot (level 1's input)."""
+        return {j.id: self.grids(j, snapshot, max_gpus_default=max_gpus_default, prune=True) for j in snapshot.jobs}
+
+    def options(self, job: Job, snapshot: ClusterSnapshot, *, max_gpus_default: int = 16
+                ) -> dict[tuple[str, int], Grid]:
+        """(gpu_type, num_gpus) -> the fastest grid of that type and count over the type's pools (the
+        baselines' view: they choose a type and a count)."""
+        cl = self.cluster(snapshot)
+        entry = self._entry(job, cl, max_gpus_default)
+        hit = self._by_job.get(job.id)
+        if hit is not None and hit[0] is entry:
+            return hit[1]
+        out: dict[tuple[str, int], Grid] = {}
+        for pk, (shape, proxy, pareto) in entry.best():
+            key = (shape.gpu_type, shape.num_gpus)
+            if key not in out or proxy.throughput > out[key].throughput:
+                out[key] = Grid(job.id, pk, shape, proxy, pareto)
+        self._by_job[job.id] = (entry, out)
+        return out
+
+    def current(self, job: Job, snapshot: ClusterSnapshot, *, max_gpus_default: int = 16) -> Grid | None:
+        """The grid of the job's running allocation, flagged `current` (choosing it keeps the job); None
+        when the job does not run or the estimate says its allocation is infeasible."""
+        r = job.running
+        if r is None or not r.placement:
+            return None
+        cl = self.cluster(snapshot)
+        entry = self._entry(job, cl, max_gpus_default)
+        hit = self._current.get(job.id)
+        if hit is not None and hit[0] is entry and hit[1] is r.placement and hit[2] == r.plan:
+            return hit[3]
+        g = self._running_grid(job, cl, entry, _current_shape(job, cl.node_map))
+        self._current[job.id] = (entry, r.placement, r.plan, g)
+        return g
+
+    def requested(self, job: Job, snapshot: ClusterSnapshot, *, max_gpus_default: int = 16) -> Grid | None:
+        """`requested_grid` over the job's options."""
+        return self.derived(job, snapshot, "requested", lambda opts: requested_grid(job, opts),
+                            max_gpus_default=max_gpus_default)
+
+    def derived(self, job: Job, snapshot: ClusterSnapshot, what, compute: Callable[[dict], object], *,
+                max_gpus_default: int = 16):
+        """`compute(options)` of the job (a policy's view of its options, e.g. its grids of one count in
+        order), cached as long as the job's options are: `what` names the view."""
+        opts = self.options(job, snapshot, max_gpus_default=max_gpus_default)
+        key = (job.id, what)
+        hit = self._derived.get(key)
+        if hit is None or hit[0] is not opts:
+            hit = self._derived[key] = (opts, compute(opts))
+        return hit[1]
+
+    # ---- internals ---------------------------------------------------------------------------------
+    def cluster(self, snapshot: ClusterSnapshot) -> "_Cluster":
+        """Pools, nodes and GPU catalog of the snapshot's cluster (kept while the snapshot's node list
+        and catalog are the same objects, as in a simulator's or scheduler's every round)."""
+        cl = self._cluster
+        if cl is None or cl.nodes is not snapshot.nodes or cl.gpu_catalog is not snapshot.gpu_catalog:
+            pool_map = pools(snapshot)
+            context = self._contexts.setdefault(_context(snapshot, pool_map), len(self._contexts))
+            cl = self._cluster = _Cluster(snapshot.nodes, snapshot.gpu_catalog, pool_map,
+                                          {n.id: n for n in snapshot.nodes}, snapshot.catalog, context)
+        return cl
+
+    def _entry(self, job: Job, cl: "_Cluster", max_gpus_default: int) -> "_JobOptions":
+        self._fresh()
+        model_key = job.model if isinstance(job.model, str) else job.arch
+        key = (model_key, job.batch_size, job.min_gpus, job.max_gpus, tuple(job.allowed_gpu_types or ()),
+               max_gpus_default, cl.context)
+        entry = self._workloads.get(key)
+        if entry is None:
+            entry = self._workloads[key] = _JobOptions(self._options(job, cl, max_gpus_default))
+        return entry
+
+    def _options(self, job: Job, cl: "_Cluster", max_gpus_default: int) -> list[tuple[tuple, list]]:
+        """Per (pool, GPU count) the feasible (shape, proxy, Pareto) of every pipeline depth."""
+        allowed = set(job.allowed_gpu_types) if job.allowed_gpu_types else None
+        out = []
+        for pool in cl.pool_map.values():
+            if allowed is not None and pool.gpu_type not in allowed:
+                continue
+            spec = cl.catalog[pool.gpu_type]
+            for n in gpu_counts(job, pool, max_gpus_default):
+                nodes, gpn = compact_shape(n, pool.gpus_per_node)
+                cands = []
+                pp = 1
+                while pp <= n:
+                    shape = GridShape(pool.gpu_type, nodes, gpn, pp)
+                    plans = self.plans(job.arch, job.batch_size, spec, pool.intra_link, shape)
+                    if plans.proxy is not None:
+                        cands.append((shape, plans.proxy, tuple(plans.pareto)))
+                    pp *= 2
+                if cands:
+                    out.append((pool.key, cands))
+        return out
+
+    def _running_grid(self, job: Job, cl: "_Cluster", entry: "_JobOptions", key) -> Grid | None:
+        """The running allocation as a grid: one of the workload's options, or (a shape that is not
+        compact, e.g. placed by another scheduler) planned on its own."""
+        if key is None:
+            return None
+        for pk, cs in entry.per_pool:
+            for shape, proxy, pareto in cs:
+                if key == (pk, shape.nodes, shape.gpus_per_node, shape.pp):
+                    return Grid(job.id, pk, shape, proxy, pareto, True)
+        pool_key, nodes, gpn, pp = key
+        shape = GridShape(pool_key[0], nodes, gpn, pp)
+        plans = self.plans(job.arch, job.batch_size, cl.catalog[pool_key[0]], pool_key[2], shape)
+        if plans.proxy is None:
+            return None
+        return Grid(job.id, pool_key, shape, plans.proxy, tuple(plans.pareto), True)
+
+
+@dataclass(frozen=True)
+class _Cluster:
+    nodes: list
+    gpu_catalog: dict
+    pool_map: dict[tuple, Pool]
+    node_map: dict[str, Node]
+    catalog: dict[str, GpuSpec]
+    context: int  # one number per distinct (pool sizes, GPU catalog overrides)
 
 
 class _JobOptions:
@@ -139,31 +306,6 @@ def _context(snapshot: ClusterSnapshot, pool_map: dict[tuple, Pool]) -> tuple:
     return (tuple((k, len(p.node_ids)) for k, p in pool_map.items()), overrides)
 
 
-def _options(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, pool_map: dict[tuple, Pool],
-             max_gpus_default: int) -> list[tuple[tuple, list]]:
-    """Per (pool, GPU count) the feasible (shape, proxy, Pareto) of every pipeline depth."""
-    catalog = snapshot.catalog
-    allowed = set(job.allowed_gpu_types) if job.allowed_gpu_types else None
-    out = []
-    for pool in pool_map.values():
-        if allowed is not None and pool.gpu_type not in allowed:
-            continue
-        spec = catalog[pool.gpu_type]
-        for n in gpu_counts(job, pool, max_gpus_default):
-            nodes, gpn = compact_shape(n, pool.gpus_per_node)
-            cands = []
-            pp = 1
-            while pp <= n:
-                shape = GridShape(pool.gpu_type, nodes, gpn, pp)
-                plans = estimator.grid(job.arch, job.batch_size, spec, pool.intra_link, shape)
-                if plans.proxy is not None:
-                    cands.append((shape, plans.proxy, tuple(plans.pareto)))
-                pp *= 2
-            if cands:
-                out.append((pool.key, cands))
-    return out
-
-
 def _current_shape(job: Job, node_map: dict[str, Node]):
     if job.running is None:
         return None
@@ -175,22 +317,41 @@ def _current_shape(job: Job, node_map: dict[str, Node]):
     return ((first.gpu_type, first.num_gpus, first.intra_link), len(used), per_node, job.running.plan.pp)
 
 
-def _current_grid(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, spec: GpuSpec, key) -> Grid | None:
-    """A running allocation that is not a compact shape (e.g. placed by another scheduler)."""
-    pool_key, nodes, gpn, pp = key
-    shape = GridShape(pool_key[0], nodes, gpn, pp)
-    plans = estimator.grid(job.arch, job.batch_size, spec, pool_key[2], shape)
-    if plans.proxy is None:
+def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, max_gpus_default: int = 16,
+              prune: bool = False) -> list[Grid]:
+    """`GridCatalog.grids` of the estimator's catalogue."""
+    return GridCatalog.of(estimator).grids(job, snapshot, max_gpus_default=max_gpus_default, prune=prune)
+
+
+def enumerate_grids(snapshot: ClusterSnapshot, estimator: PerfEstimator, *, max_gpus_default: int = 16
+                    ) -> dict[str, list[Grid]]:
+    """`GridCatalog.all_grids` of the estimator's catalogue."""
+    return GridCatalog.of(estimator).all_grids(snapshot, max_gpus_default=max_gpus_default)
+
+
+def requested_grid(job: Job, options: dict[tuple[str, int], Grid]) -> Grid | None:
+    """The user's request as a grid: requested type and count at compact locality.
+
+    When that grid is infeasible (the measured table lacks it, or it does not fit in memory) the
+    nearest feasible count on the requested type is used, larger first (Arena's simulator likewise
+    substitutes a neighbouring table entry). No requested type, or none of its grids is feasible:
+    the fastest type at that count, else the nearest count on the fastest type."""
+    if not options:
         return None
-    return Grid(job.id, pool_key, shape, plans.proxy, tuple(plans.pareto), True)
-
-
-def enumerate_grids(snapshot: ClusterSnapshot, estimator: PerfEstimator, **kw) -> dict[str, list[Grid]]:
-    pool_map = pools(snapshot)
-    node_map = {n.id: n for n in snapshot.nodes}
-    ctx = _context(snapshot, pool_map)
-    return {j.id: job_grids(j, snapshot, estimator, prune=True, pool_map=pool_map, node_map=node_map, context=ctx, **kw)
-            for j in snapshot.jobs}
+    n = job.requested_num_gpus or job.min_gpus
+    types = sorted({t for t, _ in options})
+    if job.requested_gpu_type not in types:
+        at_n = [options[(t, n)] for t in types if (t, n) in options]
+        if at_n:
+            return max(at_n, key=lambda g: g.throughput)
+        t = max(types, key=lambda t: (max(g.throughput for (tt, _), g in options.items() if tt == t), t))
+    else:
+        t = job.requested_gpu_type
+        if (t, n) in options:
+            return options[(t, n)]
+    counts = sorted(c for tt, c in options if tt == t)
+    larger = [c for c in counts if c > n]
+    return options[(t, larger[0] if larger else counts[-1])]
 
 
 def drop_dominated(grids: list[Grid]) -> list[Grid]:

@@ -1,6 +1,6 @@
 """Link loads of a placed job: how long, per iteration, its communication keeps each shared link busy.
 
-Two kinds of link are shared between jobs (see `placement.topology`: cluster - rack - node):
+Two kinds of link are shared between jobs (see `occupancy.topology`: cluster - rack - node):
 
 - `fabric:<node>`, the GPU-to-GPU fabric inside a node, shared by the single-node jobs on it (a
   multi-node job holds its nodes whole and shares none of their links);

@@ -26,7 +26,7 @@ sys.path.insert(0, str(_HERE.parent))
 import numpy as np  # noqa: E402
 from _perf_common import command, git_rev, machine, md_table, philly_config, write  # noqa: E402
 
-from arena_opt.policies.common import GridCache  # noqa: E402
+from arena_opt.grids import GridCatalog  # noqa: E402
 from arena_opt.sim.config import load_inputs  # noqa: E402
 
 
@@ -54,15 +54,14 @@ def main(argv=None) -> int:
     if cfg is None:
         return 2
     trace, cluster, truth, _ = load_inputs(cfg)
-    grids = GridCache(truth)  # the simulator's own view of the truth (sim/engine.py, on arrival)
-    grids.bind(cluster)
+    grids = GridCatalog.of(truth)  # the simulator's own view of the truth (sim/engine.py, on arrival)
     cap: dict[str, int] = defaultdict(int)
     for n in cluster.nodes:
         cap[n.gpu_type] += n.num_gpus
     by_type: dict[str, list] = defaultdict(list)
     alone = []
     for tj in trace:
-        opts = grids.options(tj.to_job())
+        opts = grids.options(tj.to_job(), cluster)
         if not opts:
             continue  # rejected by the simulator too
         best = max(g.throughput for g in opts.values())

@@ -3,10 +3,9 @@
 import pytest
 
 from arena_opt.feasibility import check_decision
-from arena_opt.grids import compact_shape
+from arena_opt.grids import GridCatalog, compact_shape, requested_grid
 from arena_opt.perf.estimator import GridShape, PerfEstimator
 from arena_opt.policies import make_policy
-from arena_opt.policies.common import GridCache, requested_grid
 from arena_opt.reconfig import ReconfigModel
 from arena_opt.cluster import load_cluster
 from arena_opt.snapshot import ClusterSnapshot, Job, RunningState
@@ -67,14 +66,13 @@ def test_fcfs_no_backfilling_and_no_preemption(est):
 
 def test_requested_grid_substitutes_the_nearest_feasible_count(est):
     cl = load_cluster("a100:1x4,a40:1x2")
-    cache = GridCache(est)
-    cache.bind(cl)
+    cache = GridCatalog.of(est)
     j = job("x", 8, "a40")  # 8 a40s do not exist here
-    g = requested_grid(j, cache.options(j))
+    g = requested_grid(j, cache.options(j, cl))
     assert (g.shape.gpu_type, g.num_gpus) == ("a40", 2)
     j = job("y", 2, "h100")  # a type the cluster lacks: fastest type at that count
-    g = requested_grid(j, cache.options(j))
-    fastest = max((cache.options(j)[(t, 2)] for t in ("a100-40gb", "a40")), key=lambda g: g.throughput)
+    g = requested_grid(j, cache.options(j, cl))
+    fastest = max((cache.options(j, cl)[(t, 2)] for t in ("a100-40gb", "a40")), key=lambda g: g.throughput)
     assert g == fastest
 
 
@@ -128,10 +126,8 @@ def test_sia_restart_factor_keeps_young_jobs_in_place(est):
 # ---- ElasticFlow -----------------------------------------------------------------------------------
 def test_elasticflow_minimum_share_meets_the_deadline(est):
     cl = load_cluster("a100:4x4")
-    cache = GridCache(est)
-    cache.bind(cl)
     j = job("x", 1, iters=20_000)
-    opts = cache.options(j)
+    opts = GridCatalog.of(est).options(j, cl)
     times = {n: opts[("a100-40gb", n)].result.iter_time_s for n in (1, 2, 4, 8, 16)}
     # a deadline that 4 GPUs meet and 2 do not
     ddl = 30 + 20_000 * (times[4] + times[2]) / 2
@@ -194,33 +190,32 @@ def test_compact_shapes(est):
     # grids the baselines build on: compact shapes, whole nodes beyond one node
     assert compact_shape(8, 4) == (2, 4) and compact_shape(2, 4) == (1, 2)
     cl = load_cluster("a100:2x4")
-    cache = GridCache(est)
-    cache.bind(cl)
-    g = cache.options(job("x", 8))[("a100-40gb", 8)]
+    g = GridCatalog.of(est).options(job("x", 8), cl)[("a100-40gb", 8)]
     assert g.multi_node and g.shape == GridShape("a100-40gb", 2, 4, g.shape.pp)
 
 
 def test_packing_bookkeeping_and_rollback(est):
-    """The baselines' GPU packing: counts stay in step with the free lists, best fit and whole-node
-    rules hold, and a rollback restores exactly the state of its mark."""
-    from arena_opt.policies.common import Packing
+    """The baselines' GPU packing (the occupancy engine): counts stay in step with the free lists, best
+    fit and whole-node rules hold, and a rollback restores exactly the state of its mark."""
+    from arena_opt.occupancy import Occupancy
 
     cl = load_cluster("a100:3x4,a40:2x2")
-    cache = GridCache(est)
-    cache.bind(cl)
+    cache = GridCatalog.of(est)
     s = snap(cl, [])
-    pack = Packing(s, cache.pools, {"held": {"a100-40gb-001": [1, 2]}})
-    opts = cache.options(job("x", 1))
+    pack = Occupancy.of(s, [("held", {"a100-40gb-001": [1, 2]}, None)])
+    opts = cache.options(job("x", 1), cl)
+    pool_keys = list(cache.cluster(cl).pool_map)
 
     def state(p):
-        return ({k: v[:] for k, v in p.free_count.items()}, dict(p.free_total),
-                {n.id: p.gpus_free(n.id)[:] for n in cl.nodes}, dict(p.where))
+        return ({n.id: p.node_free(n.id) for n in cl.nodes}, {k: p.free_gpus(k) for k in pool_keys},
+                {n.id: p.gpus_free(n.id)[:] for n in cl.nodes}, dict(p.where),
+                {k: p.pool[k].stamp[:] for k in pool_keys})
 
     def consistent(p):
-        for key, counts in p.free_count.items():
-            assert p.free_total[key] == sum(counts)
-            for nid, c in zip(p.pool_map[key].node_ids, counts):
-                assert len(p.gpus_free(nid)) == c
+        for key in pool_keys:
+            assert p.free_gpus(key) == sum(p.node_free(nid) for nid in p.nodes(key))
+            for nid in p.nodes(key):
+                assert len(p.gpus_free(nid)) == p.node_free(nid)
 
     # best fit: a 2-GPU grid goes to the node with exactly 2 free, not to an empty one
     two = opts[("a100-40gb", 2)]

@@ -1,39 +1,40 @@
 """Greedy feasible selection: the fallback when the solver returns no incumbent, and the repair
-step after shards are merged. Packs on explicit per-node free counts, so its result is
-feasible by construction."""
+step after shards are merged. Packs with the occupancy engine (arena_opt/occupancy.py) on the
+problem's per-node free counts, so its result is feasible by construction."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from arena_opt.milp.problem import ClusterProblem
-from arena_opt.placement import FreeIndex
+from arena_opt.occupancy import Layout, Occupancy
 
 
 class _Free:
-    """Free GPUs per node slot of every pool (occupied nodes first, then empty ones), bucketed by count."""
+    """The problem's free GPUs as an occupancy: per pool one slot per node (occupied nodes first, then
+    empty ones), the GPUs of the kept jobs held."""
 
     def __init__(self, p: ClusterProblem, kept: set[int]):
-        self.idx: dict[tuple, FreeIndex] = {}
+        layout, held = {}, []
         for key, pi in p.pools.items():
-            caps = [pi.gpus_per_node - sum(n for j, n in users if j in kept) for users in pi.occupied.values()]
-            caps += [pi.gpus_per_node] * pi.empty_nodes
-            ids = [str(i) for i in range(len(caps))]
-            self.idx[key] = FreeIndex(ids, dict(zip(ids, caps)), pi.gpus_per_node)
+            ids = [f"{key}/{i}" for i in range(len(pi.occupied) + pi.empty_nodes)]
+            layout[key] = (ids, pi.gpus_per_node)
+            for nid, users in zip(ids, pi.occupied.values()):
+                n = sum(n for j, n in users if j in kept)
+                if n:
+                    held.append({nid: list(range(n))})
+        self.occ = Occupancy(Layout(layout))
+        for i, pl in enumerate(held):
+            self.occ.occupy(f"kept/{i}", pl)
+        self._n = 0
 
     def take(self, key: tuple, units: int) -> bool:
-        idx = self.idx[key]
-        if units >= idx.g:
-            whole = idx.whole()
-            if len(whole) < units // idx.g:
-                return False
-            for n in whole[: units // idx.g]:
-                idx.take(n, idx.g)
-            return True
-        n = idx.best_fit(units)
-        if n is None:
+        g = self.occ.gpus_per_node(key)
+        pl = self.occ.find_shape(key, units // g, g) if units > g else self.occ.find_shape(key, 1, units)
+        if pl is None:
             return False
-        idx.take(n, units)
+        self._n += 1
+        self.occ.hold(f"grid/{self._n}", pl)
         return True
 
 

@@ -27,7 +27,7 @@ class PolicyOptions(BaseModel):
         default_factory=ColocationOptions,
         description="co-location slowdown model of placement and of the decision's estimates (None: off, "
                     "est_slowdown null). On by default: jobs that share a PCIe fabric or a rack uplink do slow "
-                    "each other. Policies that place through common.Packing do not use it yet")
+                    "each other. Every policy places through the occupancy engine with it")
 
     @field_validator("reconfig", mode="before")
     @classmethod

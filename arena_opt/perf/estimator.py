@@ -45,8 +45,9 @@ class PerfEstimator:
         self.table_mode = table_mode
         # observed/estimated iteration-time ratio per (model, gpu type), from runners
         self.correction: dict[tuple[str, str], float] = {}
-        # per-job grid options (grids.job_grids), valid until a correction changes
-        self.job_grid_cache: dict[tuple, object] = {}
+        # bumped by every change of the estimates (observe): caches of them (grids.GridCatalog) are
+        # valid for one version
+        self.version = 0
 
     @property
     def params(self) -> CostParams:
@@ -108,7 +109,7 @@ class PerfEstimator:
         """Online correction: move the (model, GPU type) factor toward measured/estimated."""
         if estimated_s <= 0 or measured_s <= 0:
             return
-        self.job_grid_cache.clear()
+        self.version += 1
         old = self.correction.get((model, gpu_type), 1.0)
         ratio = measured_s / (estimated_s / old)
         self.correction[(model, gpu_type)] = (1 - weight) * old + weight * ratio

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from arena_opt.decision import SolverStats
-from arena_opt.grids import Grid, enumerate_grids
+from arena_opt.grids import Grid, GridCatalog
 from arena_opt.milp.greedy import greedy_select
 from arena_opt.milp.options import ArenaOptions
 from arena_opt.milp.problem import ClusterProblem, build_problem
@@ -46,7 +46,7 @@ class ArenaPolicy(GridPolicy):
     options: ArenaOptions
 
     def problem(self, snapshot: ClusterSnapshot) -> ClusterProblem:
-        grids = enumerate_grids(snapshot, self.estimator, max_gpus_default=self.options.max_gpus_per_job)
+        grids = GridCatalog.of(self.estimator).all_grids(snapshot, max_gpus_default=self.options.max_gpus_per_job)
         return build_problem(snapshot, grids, self.options)
 
     def choose(self, snapshot: ClusterSnapshot):

@@ -24,7 +24,8 @@ from itertools import combinations
 
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid
-from arena_opt.policies.common import PackedPolicy, Packing, Placement, fifo
+from arena_opt.occupancy import Occupancy, Placement
+from arena_opt.policies.common import PackedPolicy, fifo
 from arena_opt.policies.options import ArenaGreedyOptions
 
 
@@ -75,22 +76,18 @@ class ArenaGreedyPolicy(PackedPolicy):
 
     # ---- building blocks: each changes `pack` in place on success and leaves it as it was otherwise ----
     @staticmethod
-    def _fit(pack: Packing, jid: str, grid: Grid) -> Grid | None:
-        pl = pack.find(grid)
-        if pl is None:
-            return None
-        pack.hold(jid, pl)
-        return grid
+    def _fit(pack: Occupancy, jid: str, grid: Grid) -> Grid | None:
+        return grid if pack.take(jid, grid) is not None else None
 
-    def _consolidate(self, pack: Packing, jid: str, grid: Grid, changed: dict[str, Grid] | None = None):
+    def _consolidate(self, pack: Occupancy, jid: str, grid: Grid, changed: dict[str, Grid] | None = None):
         """Clear the cheapest node(s) of the grid's pool by migrating their sub-node jobs elsewhere.
         `changed`: grids of jobs already modified in `pack` but not yet in `self.alloc`."""
         alloc = {**self.alloc, **changed} if changed else self.alloc
         key = grid.pool
-        if key not in pack.free_count or pack.free_gpus(key) < grid.num_gpus:
+        if pack.free_gpus(key) < grid.num_gpus:
             return None
-        ids = pack.pool_map[key].node_ids
-        cap = pack.cap[key]
+        ids = pack.nodes(key)
+        cap = pack.gpus_per_node(key)
         need_nodes = grid.shape.nodes if grid.multi_node else 1
         need = cap if grid.multi_node else grid.num_gpus
 
@@ -98,7 +95,7 @@ class ArenaGreedyPolicy(PackedPolicy):
             return all(not alloc[j].multi_node for j in pack.jobs_on(nid))
 
         # cheapest nodes first: fewest GPUs to move off them
-        cands = sorted((need - pack.free_count[key][i], ids[i]) for i in range(len(ids)) if movable(ids[i]))
+        cands = sorted((need - pack.node_free(nid), nid) for nid in ids if movable(nid))
         if grid.multi_node:
             tries = [[nid for _, nid in cands[:need_nodes]]] if len(cands) >= need_nodes else []
         else:
@@ -107,7 +104,7 @@ class ArenaGreedyPolicy(PackedPolicy):
             m = pack.mark()
             evict = sorted({j for n in target_nodes for j in pack.jobs_on(n)}, key=lambda j: (-alloc[j].num_gpus, j))
             if not grid.multi_node:  # move the fewest jobs: largest first, until the job fits
-                free = pack.free_count[key][pack.node_pos[target_nodes[0]]]
+                free = pack.node_free(target_nodes[0])
                 keep = []
                 for j in evict:
                     if free >= need:
@@ -118,40 +115,38 @@ class ArenaGreedyPolicy(PackedPolicy):
             for j in evict:
                 pack.release(j)
             per = grid.shape.gpus_per_node if grid.multi_node else grid.num_gpus
-            pack.hold(jid, {n: pack.gpus_free(n)[:per] for n in target_nodes})
+            pack.hold(jid, {n: pack.gpus_free(n)[:per] for n in target_nodes}, grid)
             ok = True
             for j in evict:
-                pl = pack.find(alloc[j])
-                if pl is None:
+                if pack.take(j, alloc[j]) is None:
                     ok = False
                     break
-                pack.hold(j, pl)
             if ok:
                 return grid
             pack.rollback(m)
         return None
 
-    def _mods(self, pack: Packing, job, target: Grid) -> list[tuple[float, str, Grid]]:
+    def _mods(self, pack: Occupancy, job, target: Grid) -> list[tuple[float, str, Grid]]:
         """Candidate modifications (throughput lost, job, its new grid), cheapest first."""
         out: list[tuple[float, str, Grid]] = []
         t = target.shape.gpu_type
         for j, g in self.alloc.items():
             if g.shape.gpu_type != t:
                 continue
-            jo = self.cache.options(self.jobs[j])
+            jo = self.grid_options(self.jobs[j])
             half = jo.get((t, g.num_gpus // 2)) if g.num_gpus > 1 else None
             if half is not None:
                 out.append((g.throughput - half.throughput, j, half))
             for (t2, c), g2 in jo.items():
                 if t2 != t and c == g.num_gpus and pack.find(g2) is not None:
                     out.append((g.throughput - g2.throughput, j, g2))
-        half = self.cache.options(job).get((t, target.num_gpus // 2)) if target.num_gpus > 1 else None
+        half = self.grid_options(job).get((t, target.num_gpus // 2)) if target.num_gpus > 1 else None
         if half is not None:
             out.append((target.throughput - half.throughput, job.id, half))
         out.sort(key=lambda m: (m[0], m[1]))
         return out[: self.breadth]
 
-    def _search(self, pack: Packing, job, target: Grid) -> Grid | None:
+    def _search(self, pack: Occupancy, job, target: Grid) -> Grid | None:
         mods = self._mods(pack, job, target)
         best = None
         for d in range(1, self.depth + 1):
@@ -171,7 +166,7 @@ class ArenaGreedyPolicy(PackedPolicy):
                 self.alloc[j] = g
         return grid
 
-    def _apply_mods(self, pack: Packing, jid: str, target: Grid, combo) -> tuple[Grid, float] | None:
+    def _apply_mods(self, pack: Occupancy, jid: str, target: Grid, combo) -> tuple[Grid, float] | None:
         """Apply a set of modifications and place the job; (its grid, total throughput gain) or None
         (then `pack` may be half changed: the caller rolls back)."""
         grid, lost = target, 0.0
@@ -182,16 +177,14 @@ class ArenaGreedyPolicy(PackedPolicy):
                 grid = g
                 continue
             old = pack.release(j)
-            pl = pack.find(g, old)
-            if pl is None:
+            if pack.take(j, g, old) is None:
                 return None
-            pack.hold(j, pl)
             changed[j] = g
         if self._fit(pack, jid, grid) is None and self._consolidate(pack, jid, grid, changed) is None:
             return None
         return grid, grid.throughput - lost
 
-    def _preempt_later(self, pack: Packing, job, target: Grid, reasons: dict[str, str]) -> Grid | None:
+    def _preempt_later(self, pack: Occupancy, job, target: Grid, reasons: dict[str, str]) -> Grid | None:
         """Preempt jobs submitted after this one on the wanted pool, latest first, if that lets it start."""
         victims = sorted((j for j, g in self.alloc.items()
                           if g.pool == target.pool and self.jobs[j].submit_time > job.submit_time),
@@ -209,11 +202,11 @@ class ArenaGreedyPolicy(PackedPolicy):
         pack.rollback(m)
         return None
 
-    def _upgrades(self, pack: Packing, blocked: set[str]) -> None:
+    def _upgrades(self, pack: Occupancy, blocked: set[str]) -> None:
         for _ in range(self.max_upgrades):
             best = None
             for j, g in self.alloc.items():
-                jo = self.cache.options(self.jobs[j])
+                jo = self.grid_options(self.jobs[j])
                 t = g.shape.gpu_type
                 cands = []
                 up = jo.get((t, g.num_gpus * 2))
@@ -225,16 +218,15 @@ class ArenaGreedyPolicy(PackedPolicy):
                     gain = g2.throughput - g.throughput
                     if gain <= 0 or (best is not None and gain <= best[0]):
                         continue
-                    old = pack.release(j)  # would it fit with the job's own GPUs given back?
-                    fits = pack.find(g2, old) is not None
-                    pack.hold(j, old)
+                    m = pack.mark()  # would it fit with the job's own GPUs given back?
+                    fits = pack.find(g2, pack.release(j)) is not None
+                    pack.rollback(m)
                     if fits:
                         best = (gain, j, g2)
             if best is None:
                 return
             _, j, g2 = best
-            old = pack.release(j)
-            pack.hold(j, pack.find(g2, old))
+            pack.take(j, g2, pack.release(j))
             self.alloc[j] = g2
 
     def _flag(self, jid: str, grid: Grid, placement: Placement, prev: Placement | None) -> Grid:

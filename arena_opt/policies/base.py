@@ -11,8 +11,9 @@ from arena_opt.decision import Decision, JobDecision, SolverStats
 from arena_opt.grids import Grid
 from arena_opt.linkloads import CommShares, LinkLoads
 from arena_opt.milp.options import PolicyOptions
+from arena_opt.occupancy import rack_map
 from arena_opt.perf.estimator import PerfEstimator
-from arena_opt.placement import place, rack_map
+from arena_opt.placement import place
 from arena_opt.snapshot import ClusterSnapshot, Job
 
 

@@ -30,7 +30,6 @@ class ElasticFlowPolicy(PackedPolicy):
     def __init__(self, options: ElasticFlowOptions | dict | None = None, estimator=None):
         super().__init__(options, estimator)
         self.use_deadlines = self.options.use_deadlines
-        self._ladders: dict[tuple[str, str], list[Grid]] = {}  # (job, type) -> its grids by GPU count
 
     def _share(self, job, ladder: list[Grid], cur: Grid | None, now: float) -> tuple[int, bool]:
         """Index in the ladder of the smallest count meeting the deadline, and whether one does."""
@@ -50,7 +49,6 @@ class ElasticFlowPolicy(PackedPolicy):
         ladders: dict[str, list[Grid]] = {}
         entries = []
         for job in snapshot.jobs:
-            opts = self.cache.options(job)
             cur = current.get(job.id)
             if cur is not None:
                 t = cur.shape.gpu_type
@@ -60,11 +58,8 @@ class ElasticFlowPolicy(PackedPolicy):
                     reasons[job.id] = "no feasible grid on this cluster"
                     continue
                 t = g.shape.gpu_type
-            ladder = self._ladders.get((job.id, t))
-            if ladder is None or ladder[0] is not opts.get((t, ladder[0].num_gpus)):
-                ladder = self._ladders[(job.id, t)] = sorted((g for k, g in opts.items() if k[0] == t),
-                                                             key=lambda g: g.num_gpus)
-            ladders[job.id] = ladder
+            ladder = ladders[job.id] = self.catalog.derived(job, snapshot, ("type", t), lambda opts: sorted(
+                (g for k, g in opts.items() if k[0] == t), key=lambda g: g.num_gpus))
             share, meets = self._share(job, ladder, cur, now)
             if cur is not None:
                 rank = (0, 0.0, job.submit_time)
@@ -76,7 +71,7 @@ class ElasticFlowPolicy(PackedPolicy):
         entries.sort(key=lambda e: (e[0], e[1]))
 
         free: dict[str, int] = defaultdict(int)
-        for p in self.cache.pools.values():
+        for p in self.pools.values():
             free[p.gpu_type] += p.num_gpus
         level: dict[str, int] = {}  # job -> index into its ladder
         for _, jid, job, share in entries:

@@ -17,7 +17,7 @@ class FCFSPolicy(PackedPolicy):
         pack, chosen, placements = self.start_state(snapshot)
         reasons: dict[str, str] = {}
         blocked: set[str] = set()
-        types = {p[0] for p in self.cache.pools}
+        types = {p[0] for p in self.pools}
         for job in fifo([j for j in snapshot.jobs if j.id not in chosen]):
             if len(blocked) == len(types):
                 reasons[job.id] = "queued behind earlier jobs (first come, first served per GPU type)"

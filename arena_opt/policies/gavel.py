@@ -23,15 +23,11 @@ class GavelPolicy(PackedPolicy):
     def __init__(self, options: GavelOptions | dict | None = None, estimator=None):
         super().__init__(options, estimator)
         self.max_migrations = self.options.max_migrations
-        self._cand_cache: dict[str, tuple] = {}
 
-    def _cands(self, jid: str, opts, n: int | None) -> list[Grid]:
-        """The job's grids at count n, fastest type first (cached per job)."""
-        hit = self._cand_cache.get(jid)
-        if hit is None or hit[0] is not opts or hit[1] != n:
-            hit = self._cand_cache[jid] = (opts, n, sorted((g for (t, c), g in opts.items() if c == n),
-                                                           key=lambda g: (-g.throughput, g.shape.gpu_type)))
-        return hit[2]
+    def _cands(self, job, n: int | None) -> list[Grid]:
+        """The job's grids at count n, fastest type first."""
+        return self.catalog.derived(job, self._snapshot, ("count", n), lambda opts: sorted(
+            (g for (t, c), g in opts.items() if c == n), key=lambda g: (-g.throughput, g.shape.gpu_type)))
 
     def _count(self, job, cur: Grid | None, opts) -> int | None:
         if cur is not None:
@@ -45,9 +41,9 @@ class GavelPolicy(PackedPolicy):
 
         # admission: submission order, tentatively placed on the fastest type where the count fits
         def offers(job, cur):
-            opts = self.cache.options(job)
+            opts = self.grid_options(job)
             n = self._count(job, cur, opts)
-            cands = self._cands(job.id, opts, n)
+            cands = self._cands(job, n)
             if cur is not None:
                 # a running job is offered only the types faster than its own: a move to a slower
                 # type lowers the objective unless it makes room for a newcomer, which admission
@@ -75,6 +71,6 @@ class GavelPolicy(PackedPolicy):
         # equal throughput: do not move
         utility = [g.throughput + (1e-6 * max(g.throughput, 1.0) if g.current else 0.0) for _, g in var]
         # without a feasible assignment everyone stays where the admission put them
-        return assign_types(var, utility, self.cache.pools, fixed, self.max_migrations, self.options.time_limit_s,
+        return assign_types(var, utility, self.pools, fixed, self.max_migrations, self.options.time_limit_s,
                             self.options.mip_gap, fallback={**current, **tentative})
 

@@ -43,7 +43,7 @@ class SiaPolicy(PackedPolicy):
         start = pack.mark()
 
         def offers(job, cur):
-            opts = list(self.cache.options(job).values())
+            opts = list(self.grid_options(job).values())
             if cur is not None:
                 return [cur] + [g for g in opts if (g.shape.gpu_type, g.num_gpus) != (cur.shape.gpu_type, cur.num_gpus)], [], ()
             smallest = sorted(opts, key=lambda g: (g.num_gpus, -g.throughput))
@@ -71,7 +71,7 @@ class SiaPolicy(PackedPolicy):
 
     def _solve(self, snapshot, admitted, current, tentative):
         jobs = {j.id: j for j in snapshot.jobs}
-        base = {j: min(g.throughput for g in self.cache.options(jobs[j]).values()) for j in admitted}
+        base = {j: min(g.throughput for g in self.grid_options(jobs[j]).values()) for j in admitted}
         for j in current:
             if j in admitted:  # utility grows with throughput and r <= 1: only faster ones can improve
                 cur = admitted[j][0]
@@ -93,5 +93,5 @@ class SiaPolicy(PackedPolicy):
         var = [(j, g, u) for j in admitted if j not in fixed for g, u in zip(admitted[j], util[j])]
         if not var:
             return fixed, SolverStats(solver="highs", status="nothing to choose")
-        return assign_types([(j, g) for j, g, _ in var], [u for _, _, u in var], self.cache.pools, fixed,
+        return assign_types([(j, g) for j, g, _ in var], [u for _, _, u in var], self.pools, fixed,
                             self.max_migrations, self.time_limit_s, self.mip_gap, fallback={**current, **tentative})

@@ -71,14 +71,13 @@ def warm_plan_cache(cfg: RunConfig, path: str | Path) -> float:
     """Plan every grid of every workload in the trace once (starting from `cfg.plan_cache`, e.g. the
     user's plan cache) and write the plans to `path`, so that policies run in separate processes do
     not each pay the cold planner. Returns the seconds spent."""
-    from arena_opt.policies.common import GridCache
+    from arena_opt.grids import GridCatalog
 
     t0 = time.perf_counter()
     trace, cluster, truth, _ = load_inputs(cfg)
-    cache = GridCache(truth)
-    cache.bind(cluster)
+    catalog = GridCatalog.of(truth)
     for tj in trace:
-        cache.options(tj.to_job())
+        catalog.options(tj.to_job(), cluster)
     truth.planner.save_cache(path)
     if not Path(path).exists() and cfg.plan_cache and Path(cfg.plan_cache).is_file():
         shutil.copyfile(cfg.plan_cache, path)  # nothing new was planned: the start cache has it all

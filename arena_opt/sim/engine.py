@@ -26,9 +26,9 @@ from pydantic import Field
 
 from arena_opt.decision import Decision
 from arena_opt.feasibility import InfeasibleDecision, check_decision
+from arena_opt.grids import GridCatalog
 from arena_opt.perf.estimator import GridShape, PerfEstimator
 from arena_opt.policies.base import Policy
-from arena_opt.policies.common import GridCache, requested_grid
 from arena_opt.reconfig import PRESETS, ReconfigModel
 from arena_opt.record import NOT_ARRIVED, REJECTED, RUNNING, WAITING, JobRecord, Recorder, RunRecord, model_name
 from arena_opt.sim.state import SimJob
@@ -83,9 +83,7 @@ class Simulator:
         self.node_of = {n.id: n for n in cluster.nodes}
         self.catalog = cluster.catalog
         self.total_gpus = sum(n.num_gpus for n in cluster.nodes)
-        self.truth_grids = GridCache(self.truth)
-        self.truth_grids.bind(cluster)
-        self._rate_cache: dict[tuple, float | None] = {}
+        self.truth_grids = GridCatalog.of(self.truth)
         order = sorted(range(len(trace)), key=lambda i: (trace[i].submit_time, i))
         self.jobs = [SimJob(index=k, spec=trace[i].to_job(), total=trace[i].iterations, batch=trace[i].batch_size,
                             rec=_job_record(trace[i])) for k, i in enumerate(order)]
@@ -179,11 +177,11 @@ class Simulator:
         return self.opt.replan_on_ready
 
     def _arrive(self, sj: SimJob, t: float) -> bool:
-        options = self.truth_grids.options(sj.spec)
+        options = self.truth_grids.options(sj.spec, self.cluster)
         if not options:
             self.rec.reject(t, sj.rec, "no feasible grid on this cluster (truth)")
             return False
-        ref = requested_grid(sj.spec, options)
+        ref = self.truth_grids.requested(sj.spec, self.cluster)
         sj.rec.ref_throughput = ref.throughput
         sj.rec.best_throughput = max(g.throughput for g in options.values())
         self.rec.submit(t, sj.rec)
@@ -299,12 +297,9 @@ class Simulator:
     # ---- bookkeeping -----------------------------------------------------------------------------
     def _truth_rate(self, sj: SimJob, gpu_type: str, placement, nodes: int, per_node: int, pp: int) -> float | None:
         link = self.node_of[next(iter(placement))].intra_link
-        key = (sj.spec.model, sj.batch, gpu_type, link, nodes, per_node, pp)
-        if key not in self._rate_cache:
-            plans = self.truth.grid(sj.spec.arch, sj.batch, self.catalog[gpu_type], link,
-                                    GridShape(gpu_type, nodes, per_node, pp))
-            self._rate_cache[key] = None if plans.proxy is None else 1.0 / plans.proxy.iter_time_s
-        return self._rate_cache[key]
+        plans = self.truth_grids.plans(sj.spec.arch, sj.batch, self.catalog[gpu_type], link,
+                                       GridShape(gpu_type, nodes, per_node, pp))
+        return None if plans.proxy is None else 1.0 / plans.proxy.iter_time_s
 
     def _sync(self, sj: SimJob, t: float) -> None:
         self.rec.advance(t, sj.rec)

@@ -1,0 +1,366 @@
+"""Occupancy: the free GPUs of every node, and the one set of rules that finds room for a grid.
+
+Every placer uses it: `placement.place` (a decision's chosen grids), the baselines while they decide
+(they reason about concrete free GPUs, like the schedulers they reproduce) and the MILP's greedy
+fallback (on the problem's per-node free counts). The rules of `find`:
+
+- kept jobs stay: what the caller holds is never moved by a find;
+- a multi-node grid takes whole free nodes, in as few racks as possible: the smallest rack that holds
+  all of them, else the racks with the most free whole nodes; the job's previous nodes first in a rack;
+- a sub-node grid goes best-fit into one node: the fullest of the job's previous nodes with room,
+  else a node with the fewest free GPUs that still fit;
+- among choices equally good for packing (nodes with the same free count, racks with the same free
+  whole nodes) a `Contention` picks the lowest predicted co-location slowdown; then the node whose
+  free count changed least recently goes first (snapshot order before any change);
+- GPU indices: the lowest free ones of the node.
+
+With power-of-two sizes placed largest first this packs whatever the level-1 packing constraints
+admit. `hold` / `release` change the state with incremental counts (per node, per pool, and per free
+count for best fit); `mark` / `rollback` undo every change after a mark, exactly."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import lru_cache
+from itertools import count
+from typing import Callable, Iterable
+
+import networkx as nx
+
+from arena_opt.contention import Contention
+from arena_opt.grids import Grid
+from arena_opt.snapshot import ClusterSnapshot
+
+Placement = dict[str, list[int]]
+
+
+def topology(snapshot: ClusterSnapshot) -> nx.Graph:
+    """cluster - rack - node tree; GPUs of a node share its links, so nodes are the leaves.
+    The graph is shared between snapshots of the same nodes (a scheduler's every round): read only."""
+    return _topology(_node_key(snapshot))
+
+
+def rack_map(snapshot: ClusterSnapshot) -> dict[str, str]:
+    """node id -> its rack in `topology` (shared like the graph: read only)."""
+    return _rack_map(_node_key(snapshot))
+
+
+_last_key: list = [None, None]  # (node list, its key): a scheduler's every round has the same list
+
+
+def _node_key(snapshot: ClusterSnapshot) -> tuple[tuple[str, str | None, str, int, str | None], ...]:
+    if _last_key[0] is not snapshot.nodes:
+        _last_key[:] = [snapshot.nodes, tuple((n.id, n.rack, n.gpu_type, n.num_gpus, n.intra_link)
+                                              for n in snapshot.nodes)]
+    return _last_key[1]
+
+
+@lru_cache(maxsize=8)
+def _rack_map(nodes: tuple) -> dict[str, str]:
+    topo = _topology(nodes)
+    return {n[0]: next(iter(topo.neighbors(n[0]))) for n in nodes}
+
+
+@lru_cache(maxsize=8)
+def _topology(nodes: tuple) -> nx.Graph:
+    g = nx.Graph()
+    g.add_node("cluster", kind="cluster")
+    racks = {f"rack:{n[1] or 'default'}" for n in nodes}
+    g.add_edges_from(("cluster", r) for r in racks)
+    g.add_edges_from((f"rack:{n[1] or 'default'}", n[0]) for n in nodes)
+    for nid, _, gpu_type, num_gpus, _ in nodes:
+        g.nodes[nid].update(kind="node", gpu_type=gpu_type, num_gpus=num_gpus)
+    nx.freeze(g)
+    return g
+
+
+class Layout:
+    """What does not change between rounds: the nodes of every pool (in order), GPUs per node, racks."""
+
+    def __init__(self, pools: dict[tuple, tuple[list[str], int]], rack_of: dict[str, str] | None = None):
+        self.pools = {key: (tuple(ids), g) for key, (ids, g) in pools.items()}
+        self.where = {nid: (key, i) for key, (ids, _) in self.pools.items() for i, nid in enumerate(ids)}
+        self.rack_of = rack_of if rack_of is not None else defaultdict(lambda: "rack:default")
+
+    @staticmethod
+    def of(snapshot: ClusterSnapshot) -> "Layout":
+        """The snapshot's pools (same GPU type, GPUs per node and intra-node link), shared between
+        snapshots of the same nodes: read only."""
+        return _layout(_node_key(snapshot))
+
+
+@lru_cache(maxsize=8)
+def _layout(nodes: tuple) -> Layout:
+    pools: dict[tuple, tuple[list[str], int]] = {}
+    for nid, _, gpu_type, num_gpus, link in nodes:
+        pools.setdefault((gpu_type, num_gpus, link), ([], num_gpus))[0].append(nid)
+    return Layout(pools, _rack_map(nodes))
+
+
+class _Pool:
+    __slots__ = ("ids", "g", "count", "stamp", "bucket", "total")
+
+    def __init__(self, ids: tuple[str, ...], g: int, stamps: Iterable[int]):
+        self.ids, self.g = ids, g
+        self.count = [g] * len(ids)  # free GPUs per node
+        self.stamp = list(stamps)  # when each node's free count last changed (order of ties)
+        self.bucket: list[set[int]] = [set() for _ in range(g + 1)]  # free count -> node positions
+        self.bucket[g].update(range(len(ids)))
+        self.total = g * len(ids)
+
+    def move(self, i: int, delta: int, stamp: int | None) -> None:
+        c = self.count[i]
+        self.bucket[c].discard(i)
+        self.count[i] = c + delta
+        self.bucket[c + delta].add(i)
+        self.total += delta
+        if stamp is not None:
+            self.stamp[i] = stamp
+
+    def first(self, positions) -> int:
+        return min(positions, key=self.stamp.__getitem__)
+
+    def in_order(self, positions) -> list[int]:
+        return sorted(positions, key=self.stamp.__getitem__)
+
+
+class Occupancy:
+    """Free GPUs per node of one round; see the module doc for the rules of `find`.
+
+    `contention`: the round's co-location state; every job held with its grid is registered in it (and
+    unregistered on release), and finds break packing ties by its predicted slowdown."""
+
+    def __init__(self, layout: Layout, contention: Contention | None = None):
+        self.layout = layout
+        self.contention = contention
+        self._clock = count(len(layout.where))
+        self.pool: dict[tuple, _Pool] = {}
+        for key, (ids, g) in layout.pools.items():
+            self.pool[key] = _Pool(ids, g, range(len(ids)))
+        self._free: dict[str, list[int]] = {}  # free GPU indices of the nodes touched so far
+        self.where: dict[str, Placement] = {}  # job -> its held GPUs
+        self.grid_of: dict[str, Grid | None] = {}
+        self._jobs_on: dict[str, set[str]] = {}
+        self._journal: list[tuple] | None = None
+
+    @staticmethod
+    def of(snapshot: ClusterSnapshot, held: Iterable[tuple[str, Placement, Grid | None]] = (),
+           contention: Contention | None = None) -> "Occupancy":
+        """The snapshot's nodes all free, then `held` (job, placement, grid) occupied as they are."""
+        occ = Occupancy(Layout.of(snapshot), contention)
+        for jid, pl, grid in held:
+            occ.occupy(jid, pl, grid)
+        return occ
+
+    # ---- reading --------------------------------------------------------------------------------
+    def gpus_free(self, nid: str) -> list[int]:
+        """Free GPU indices of a node, lowest first (lists are made on first touch: a round touches few)."""
+        fl = self._free.get(nid)
+        if fl is None:
+            fl = self._free[nid] = list(range(self.pool[self.layout.where[nid][0]].g))  # untouched: all free
+        return fl
+
+    def node_free(self, nid: str) -> int:
+        key, i = self.layout.where[nid]
+        return self.pool[key].count[i]
+
+    def free_gpus(self, pool_key: tuple) -> int:
+        p = self.pool.get(pool_key)
+        return 0 if p is None else p.total
+
+    def free_nodes(self, pool_key: tuple) -> int:
+        p = self.pool.get(pool_key)
+        return 0 if p is None else len(p.bucket[p.g])
+
+    def nodes(self, pool_key: tuple) -> tuple[str, ...]:
+        return self.pool[pool_key].ids
+
+    def gpus_per_node(self, pool_key: tuple) -> int:
+        return self.pool[pool_key].g
+
+    def jobs_on(self, nid: str) -> set[str]:
+        return self._jobs_on.get(nid, set())
+
+    # ---- finding room ---------------------------------------------------------------------------
+    def find(self, grid: Grid, prev: Iterable[str] | None = (), job_id: str | None = None) -> Placement | None:
+        """Where `grid` fits now (the module's rules), or None. `prev`: the job's previous nodes;
+        `job_id`: the job, for the contention's tie-breaks."""
+        node_cost = rack_cost = None
+        c = self.contention
+        if c is not None and job_id is not None and c.sensitive(job_id, grid):
+            if grid.multi_node:
+                rack_cost = lambda r: c.rack_cost(job_id, grid, r)  # noqa: E731
+            else:
+                node_cost = lambda n: c.node_cost(job_id, grid, n)  # noqa: E731
+        return self.find_shape(grid.pool, grid.shape.nodes, grid.shape.gpus_per_node, prev or (), node_cost, rack_cost)
+
+    def find_shape(self, pool_key: tuple, nodes: int, per_node: int, prev: Iterable[str] = (),
+                   node_cost: Callable[[str], float] | None = None,
+                   rack_cost: Callable[[str], float] | None = None) -> Placement | None:
+        p = self.pool.get(pool_key)
+        if p is None:
+            return None
+        if nodes > 1:
+            whole = p.bucket[p.g]
+            if len(whole) < nodes:
+                return None
+            pick = _fewest_racks([p.ids[i] for i in p.in_order(whole)], nodes, self.layout.rack_of, set(prev),
+                                 rack_cost)
+            return {n: self.gpus_free(n)[:per_node] for n in pick}
+        if p.total < per_node:
+            return None
+        where = self.layout.where
+        prev_here = [where[n][1] for n in prev if where.get(n, (None,))[0] == pool_key]
+        for c in range(per_node, p.g + 1):
+            for i in prev_here:
+                if p.count[i] == c:
+                    nid = p.ids[i]
+                    return {nid: self.gpus_free(nid)[:per_node]}
+        for c in range(per_node, p.g + 1):
+            b = p.bucket[c]
+            if b:
+                if node_cost is None:
+                    i = p.first(b)
+                else:
+                    i = _lowest(p.in_order(b), lambda i: node_cost(p.ids[i]))
+                nid = p.ids[i]
+                return {nid: self.gpus_free(nid)[:per_node]}
+        return None
+
+    def take(self, job_id: str, grid: Grid, prev: Iterable[str] | None = ()) -> Placement | None:
+        """`find` and `hold` in one: the placement, or None (nothing changed)."""
+        pl = self.find(grid, prev, job_id)
+        if pl is not None:
+            self.hold(job_id, pl, grid)
+        return pl
+
+    # ---- changing -------------------------------------------------------------------------------
+    def occupy(self, job_id: str, placement: Placement, grid: Grid | None = None) -> None:
+        """The state a round starts from (e.g. the running jobs): held without counting as a change
+        (ties keep snapshot order) and without a journal entry."""
+        self._apply(job_id, placement, grid, -1, False)
+
+    def hold(self, job_id: str, placement: Placement, grid: Grid | None = None) -> None:
+        """Give `placement` (node -> GPU indices, all free) to the job; `grid` registers it with the
+        contention."""
+        stamps = self._stamps(placement)
+        self._apply(job_id, placement, grid, -1, True)
+        if self._journal is not None:
+            self._journal.append(("hold", job_id, placement, grid, stamps))
+
+    def release(self, job_id: str) -> Placement | None:
+        placement = self.where.get(job_id)
+        if placement is None:
+            return None
+        grid = self.grid_of[job_id]
+        stamps = self._stamps(placement)
+        self._apply(job_id, placement, grid, +1, True)
+        if self._journal is not None:
+            self._journal.append(("release", job_id, placement, grid, stamps))
+        return placement
+
+    def mark(self) -> int:
+        """Start (or continue) recording holds and releases; `rollback(mark)` undoes those after it."""
+        if self._journal is None:
+            self._journal = []
+        return len(self._journal)
+
+    def rollback(self, mark: int) -> None:
+        journal = self._journal
+        while len(journal) > mark:
+            op, jid, pl, grid, stamps = journal.pop()
+            self._apply(jid, pl, grid, +1 if op == "hold" else -1, False)
+            for nid, s in stamps:
+                key, i = self.layout.where[nid]
+                self.pool[key].stamp[i] = s
+
+    def _stamps(self, placement: Placement) -> list[tuple[str, int]]:
+        out = []
+        for nid in placement:
+            key, i = self.layout.where[nid]
+            out.append((nid, self.pool[key].stamp[i]))
+        return out
+
+    def _apply(self, job_id: str, placement: Placement, grid: Grid | None, sign: int, restamp: bool) -> None:
+        """sign -1: the job takes `placement`; +1: it gives it back. `restamp`: the nodes count as
+        changed now, in placement order."""
+        where = self.layout.where
+        for nid, gpus in placement.items():
+            key, i = where[nid]
+            fl = self.gpus_free(nid)
+            if sign < 0:
+                for g in gpus:
+                    fl.remove(g)  # ValueError: the GPU is not free
+                self._jobs_on.setdefault(nid, set()).add(job_id)
+            else:
+                self._free[nid] = sorted(fl + list(gpus))
+                self._jobs_on[nid].discard(job_id)
+            self.pool[key].move(i, sign * len(gpus), next(self._clock) if restamp else None)
+        c = self.contention
+        if sign < 0:
+            self.where[job_id] = placement
+            self.grid_of[job_id] = grid
+            if c is not None and grid is not None:
+                c.add(job_id, grid, placement)
+        else:
+            del self.where[job_id]
+            del self.grid_of[job_id]
+            if c is not None:
+                c.remove(job_id)
+
+
+def _lowest(items, cost: Callable):
+    """The first item of the lowest cost, in the order given; stops at the first cost of 0."""
+    best, best_c = None, float("inf")
+    for x in items:
+        c = cost(x)
+        if c < best_c:
+            best, best_c = x, c
+            if c <= 0.0:
+                break
+    return best
+
+
+def _fewest_racks(whole: list[str], k: int, rack_of: dict[str, str], prev: set[str],
+                  rack_cost: Callable[[str], float] | None = None) -> list[str] | None:
+    """k whole nodes in as few racks as possible: the smallest rack that holds them all, else the racks
+    with the most free nodes. Racks with as many free nodes as the last one taken are interchangeable
+    for packing: with `rack_cost` (a spanning job crosses each taken rack's uplink) the cheapest go first."""
+    if len(whole) < k:
+        return None
+    by_rack: dict[str, list[str]] = defaultdict(list)
+    for n in whole:
+        by_rack[rack_of[n]].append(n)
+    for r in by_rack.values():
+        r.sort(key=lambda n: (n not in prev, n))
+    # racks that can host the whole job first (smallest sufficient), then the fullest racks
+    single = [r for r in by_rack.values() if len(r) >= k]
+    if single:
+        return min(single, key=len)[:k]
+    order = sorted(by_rack, key=lambda r: len(by_rack[r]), reverse=True)
+    if rack_cost is not None:
+        order = _cheapest_ties(order, k, by_rack, rack_cost)
+    pick: list[str] = []
+    for r in order:
+        pick.extend(by_rack[r][: k - len(pick)])
+        if len(pick) == k:
+            break
+    return pick
+
+
+def _cheapest_ties(order: list[str], k: int, by_rack: dict[str, list[str]], rack_cost) -> list[str]:
+    """`order` (racks by free nodes, descending) with the racks as free as the last one the job needs
+    sorted by cost (stable: equal costs keep the order); unchanged when the job takes all of them."""
+    need, taken = k, 0
+    for taken, r in enumerate(order, 1):
+        need -= len(by_rack[r])
+        if need <= 0:
+            break
+    last = len(by_rack[order[taken - 1]])
+    first = next(i for i, r in enumerate(order) if len(by_rack[r]) == last)
+    end = first
+    while end < len(order) and len(by_rack[order[end]]) == last:
+        end += 1
+    if end <= taken:
+        return order
+    return order[:first] + sorted(order[first:end], key=rack_cost) + order[end:]
