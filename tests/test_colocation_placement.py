@@ -1,17 +1,21 @@
 """Co-location slowdown in placement and decisions: link loads from the cost model, tie-breaking on
-predicted slowdown, est_slowdown in decisions."""
+predicted slowdown (in `place` and in the baselines, through the one occupancy engine), est_slowdown
+in decisions."""
 
 import json
 
 import pytest
 
+from arena_opt.contention import Contention
 from arena_opt.decision import Decision, JobDecision, SolverStats
 from arena_opt.feasibility import check_decision
 from arena_opt.grids import job_grids
-from arena_opt.linkloads import ColocationOptions, CommShares
+from arena_opt.linkloads import ColocationOptions, CommShares, LinkLoads
+from arena_opt.occupancy import Occupancy, rack_map
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.placement import place
 from arena_opt.plan import Plan
+from arena_opt.policies import make_policy
 from arena_opt.policies.base import GridPolicy
 from arena_opt.report import print_decision
 from arena_opt.snapshot import ClusterSnapshot, Job, Node, RunningState
@@ -33,9 +37,9 @@ class Fixed(GridPolicy):
         return dict(self.chosen), {}, SolverStats()
 
 
-def _job(jid, running=None, batch=256):
+def _job(jid, running=None, batch=256, **kw):
     return Job(id=jid, model=MODEL, batch_size=batch, total_iterations=100, remaining_iterations=100,
-               running=running)
+               running=running, **kw)
 
 
 def _grid(snap, jid, nodes, gpus):
@@ -54,7 +58,10 @@ def _racks_snapshot():
     plan = _grid(free, "x", 4, 16).result.plan
     x_running = RunningState(gpu_type="a100", plan=plan,
                              placement={n: [0, 1, 2, 3] for n in ("a0", "a1", "c0", "c1")})
-    return ClusterSnapshot(nodes=nodes, jobs=[_job("x", x_running), _job("y")])
+    # y asks for what it is given below, so that a baseline starts it on that grid too
+    return ClusterSnapshot(nodes=nodes, jobs=[_job("x", x_running),
+                                              _job("y", submit_time=1.0, requested_num_gpus=16,
+                                                   requested_gpu_type="a100")])
 
 
 def test_spanning_job_goes_to_racks_whose_uplinks_are_free():
@@ -168,3 +175,51 @@ def test_decision_round_trips_with_slowdown(capsys):
     off = Fixed(chosen, None).decide(snap)
     assert off.by_job()["a"].est_slowdown is None
     assert off.by_job()["a"].est_throughput == pytest.approx(chosen["a"].throughput)
+
+
+# ---- the occupancy engine: the baselines place by the same rules; rollback is exact ---------------------
+@pytest.mark.parametrize("name", ["fcfs", "arena-greedy"])
+def test_baselines_place_by_the_rules_of_place(name):
+    snap = _racks_snapshot()
+    chosen = {"x": _grid(snap, "x", 4, 16), "y": _grid(snap, "y", 4, 16)}
+    packing_only = sorted(place(snap, chosen)["y"])
+    assert packing_only == ["a2", "a3", "b0", "b1"]  # fewest racks, then the first of equally free ones
+    extra = {"max_upgrades": 0} if name == "arena-greedy" else {}
+    pol = make_policy(name, extra, estimator=EST)
+    d = pol.decide(snap)
+    check_decision(snap, d)
+    by = d.by_job()
+    assert by["x"].action == "keep" and by["y"].action == "start"
+    assert sorted(by["y"].placement) == packing_only and by["y"].est_slowdown == 1.0
+    # rack A's uplink carries one node's bandwidth (4 nodes at 4:1): y keeps off the uplink x loads
+    pol = make_policy(name, {**extra, "colocation": ColocationOptions(uplink_oversubscription=4.0)}, estimator=EST)
+    by = pol.decide(snap).by_job()
+    assert sorted(by["y"].placement) == ["b0", "b1", "d0", "d1"]
+    assert by["x"].est_slowdown == pytest.approx(1.0) and by["y"].est_slowdown == pytest.approx(1.0)
+
+
+def test_rollback_restores_the_contention_and_the_order_of_ties():
+    snap = _racks_snapshot()
+    x, y = _grid(snap, "x", 4, 16), _grid(snap, "y", 4, 16)
+    links = LinkLoads({n.id: n for n in snap.nodes}, rack_map(snap), snap.catalog, EST.params,
+                      ColocationOptions(uplink_oversubscription=4.0))
+    c = Contention(snap, links, CommShares(EST.params))
+    occ = Occupancy.of(snap, [("x", snap.jobs[0].running.placement, x)], c)
+    assert set(c.placed) == {"x"}
+    one = _grid(snap, "y", 1, 4)
+    first = occ.find(one)
+    m = occ.mark()
+    pl = occ.take("y", y)
+    assert sorted(pl) == ["b0", "b1", "d0", "d1"] and set(c.placed) == {"x", "y"}
+    occ.release("x")
+    assert set(c.placed) == {"y"} and occ.free_gpus(x.pool) == 4 * 6
+    occ.rollback(m)
+    assert set(c.placed) == {"x"} and occ.where == {"x": snap.jobs[0].running.placement}
+    assert occ.find(one) == first
+    # a release and a new hold count as changes: the node that changed goes last among equals
+    m = occ.mark()
+    occ.hold("z", first)
+    occ.release("z")
+    assert occ.find(one) != first
+    occ.rollback(m)
+    assert occ.find(one) == first
