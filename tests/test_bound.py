@@ -166,7 +166,7 @@ def test_cli_bound_bad_input(args, word, capsys):
 def test_philly_grids_cover_the_policies_grids(arena_data):
     """The bound's grids on Arena's setup include every grid the policies can pick: its fastest run time per
     job is at most the contention-free one the simulator reports, and equal on this table."""
-    from arena_opt.policies.common import GridCache
+    from arena_opt.grids import GridCatalog
     from arena_opt.sim.config import RunConfig, load_inputs
 
     cfg = RunConfig(trace=str(arena_data / "traces" / "simulate_trace_philly.csv"),
@@ -175,10 +175,9 @@ def test_philly_grids_cover_the_policies_grids(arena_data):
     trace, cluster, truth, _ = load_inputs(cfg)
     inst = build_instance([t.to_job() for t in trace], cluster, truth, interval_s=300.0,
                           reconfig=[PRESETS["arena-artifact"]])
-    cache = GridCache(truth)
-    cache.bind(cluster)
+    cache = GridCatalog.of(truth)
     by_id = {t.id: t for t in trace}
     for j in inst.jobs:
         tj = by_id[j.id]
-        best = max(g.throughput for g in cache.options(tj.to_job()).values())
+        best = max(g.throughput for g in cache.options(tj.to_job(), cluster).values())
         assert j.p_min == pytest.approx(tj.iterations * tj.batch_size / best, rel=1e-9)
