@@ -181,3 +181,16 @@ def test_philly_grids_cover_the_policies_grids(arena_data):
         tj = by_id[j.id]
         best = max(g.throughput for g in cache.options(tj.to_job(), cluster).values())
         assert j.p_min == pytest.approx(tj.iterations * tj.batch_size / best, rel=1e-9)
+
+
+def test_cli_bench_reports_the_bound(tmp_path):
+    rc = main(["bench", "--trace", "instances/traces/philly-like-small.jsonl", "--cluster",
+               "instances/clusters/small.json", "--policies", "fcfs,sia", "--limit-jobs", "12", "-o", str(tmp_path),
+               "--quiet"])
+    assert rc == 0
+    bound = json.loads((tmp_path / "bound.json").read_text())["avg_jct_bound_s"]
+    table = (tmp_path / "results.md").read_text()
+    assert "avg JCT / LP bound" in table
+    assert (tmp_path / "jct_over_bound.png").stat().st_size > 0
+    ratios = [float(row.split("|")[4]) for row in table.splitlines()[2:]]
+    assert len(ratios) == 2 and all(r >= 1.0 for r in ratios) and bound > 0

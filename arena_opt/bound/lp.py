@@ -31,7 +31,7 @@ from arena_opt.bound.instance import BoundInstance
 class BoundOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    epsilon: PositiveFloat = Field(0.25, le=1.0, description="a job's block is at most this times its age")
+    epsilon: PositiveFloat = Field(0.5, le=1.0, description="a job's block is at most this times its age")
     cells_per_interval: PositiveInt = Field(1, description="cells per scheduling interval (finer: tighter, larger)")
     grid_cuts: bool = Field(True, description="C - M >= tangent of the work's spread at every grid, "
                                               "not only at the fastest (p_min / 2)")
@@ -40,7 +40,7 @@ class BoundOptions(BaseModel):
     max_doublings: int = Field(3, ge=0)
     time_limit_s: PositiveFloat = 900.0
     threads: PositiveInt = 2
-    method: str = Field("colgen", pattern="^(colgen|full)$",
+    method: str = Field("full", pattern="^(colgen|full)$",
                         description="colgen: simplex on a growing subset of the time columns, priced against "
                                     "all of them; full: every column at once")
     solver: str = Field("ipm", pattern="^(choose|simplex|ipm)$", description="HiGHS solver of method full")
@@ -89,18 +89,19 @@ class _Model:
     y_first: np.ndarray  # y columns column generation starts from (each job alone, from its release)
 
 
-def _blocks(c0: int, horizon: int, eps: float) -> list[tuple[int, int]]:
-    """A job's (first cell, length) blocks from cell c0 to the horizon: aligned powers of two, each at
-    most eps times the age at its start (at least one cell)."""
+def _blocks(c0: int, horizon: int, eps: float, p_min: float) -> list[tuple[int, int, int]]:
+    """A job's blocks (first cell, end cell, level) from cell c0 to the horizon. Each is at most eps times
+    the larger of the age at its start and the job's shortest run (at least one cell), which is at most
+    eps times the job's JCT; and it ends on a multiple of 2^level, so it lies in the dyadic block
+    (level, first // 2^level) whose capacity row counts it."""
     out = []
     c = c0
     while c < horizon:
-        age = c - c0
-        length = 1
-        while c % (2 * length) == 0 and 2 * length <= max(1.0, eps * age) and c + 2 * length <= horizon:
-            length *= 2
-        out.append((c, length))
-        c += length
+        limit = max(1.0, eps * max(c - c0, p_min))
+        level = int(math.floor(math.log2(limit)))
+        end = min(horizon, (c >> level) + 1 << level)
+        out.append((c, end, level))
+        c = end
     return out
 
 
@@ -177,9 +178,9 @@ def build(inst: BoundInstance, opts: BoundOptions, horizon: int) -> _Model:
         nz(rr[:, None], xs[None, :], -np.minimum(cut_at[:, None], p[None, :]))
         # blocks
         c0 = int(math.floor(rel[j] + 1e-12))
-        blocks = _blocks(c0, horizon, opts.epsilon) if c0 < horizon else []
-        starts = np.array([max(float(c), rel[j]) for c, _ in blocks] + [max(float(horizon), rel[j])])
-        ends = np.array([float(c + ln) for c, ln in blocks] + [np.inf])
+        blocks = _blocks(c0, horizon, opts.epsilon, pmin[j]) if c0 < horizon else []
+        starts = np.array([max(float(c), rel[j]) for c, _, _ in blocks] + [max(float(horizon), rel[j])])
+        ends = np.array([float(e) for _, e, _ in blocks] + [np.inf])
         usable = ends - starts
         nb = len(starts)
         # y[g, b], b fastest-moving
@@ -203,9 +204,8 @@ def build(inst: BoundInstance, opts: BoundOptions, horizon: int) -> _Model:
             ro = add_rows(int(one.sum()), -np.inf, usable[one])
             nz(np.tile(np.arange(ro, ro + int(one.sum())), k), ycols[:, one].ravel(), 1.0)
         ids = []
-        for c, ln in blocks:
-            key = (ln.bit_length() - 1, c // ln)
-            ids.append(block_id.setdefault(key, len(block_id)))
+        for c, _, level in blocks:
+            ids.append(block_id.setdefault((level, c >> level), len(block_id)))
         ids.append(-1)  # tail
         ys_cols.append(ycols.ravel())
         ys_block.append(np.tile(np.array(ids), k))

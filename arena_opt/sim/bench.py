@@ -32,8 +32,10 @@ def parse_policies(text: str) -> list[str]:
 
 def run_bench(base: RunConfig, policies: list[str], out_dir: str | Path, *, parallel: int = 1,
               show_progress: bool = True, timeout_s: float | None = None,
-              policy_options: dict[str, dict] | None = None) -> tuple[list[dict], dict]:
-    """`policy_options`: per policy, overrides of its options (RunConfig.policy_options); default: base's."""
+              policy_options: dict[str, dict] | None = None, bound=None) -> tuple[list[dict], dict]:
+    """`policy_options`: per policy, overrides of its options (RunConfig.policy_options); default: base's.
+    `bound`: BoundOptions of the LP lower bound on average JCT, computed after the policies of a run to
+    completion and set beside each of them (`lp_bound_s`, `jct_over_lp_bound`); None: no bound."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     info: dict = {"policies": policies, "failed": {}}
@@ -69,6 +71,8 @@ def run_bench(base: RunConfig, policies: list[str], out_dir: str | Path, *, para
             status[p] = "finished"
         else:
             status[p] = "no result"
+    if bound is not None and base.rounds is None and not not_run and results:
+        info["bound"] = attach_bound(base, bound, results, out_dir)
     write_json(out_dir / "status.json", status)
     lines = [markdown_table(results)] if results else []
     lines += [f"- {p}: {s}" for p, s in status.items() if s != "finished"]
@@ -77,6 +81,21 @@ def run_bench(base: RunConfig, policies: list[str], out_dir: str | Path, *, para
         info["plots"] = [str(x) for x in plot_all(results, out_dir)]
     info["status"] = status
     return results, info
+
+
+def attach_bound(base: RunConfig, options, results: list[dict], out_dir: Path) -> dict:
+    """The LP bound of the setup written to bound.json and set beside every result whose jobs all
+    finished (the bound is on the average over every runnable job, so only those compare)."""
+    from arena_opt.sim.bound import config_bound
+
+    res, record = config_bound(base, options)
+    write_json(out_dir / "bound.json", record)
+    for r in results:
+        complete = r["finished"] == r["jobs"] - r["rejected"] and r["finished"] == res.jobs
+        r["lp_bound_s"] = res.avg_jct_bound_s
+        r["jct_over_lp_bound"] = (r["avg_jct_s"] / res.avg_jct_bound_s
+                                  if complete and res.avg_jct_bound_s and r["avg_jct_s"] is not None else None)
+    return record
 
 
 def _run_workers(jobs, parallel: int, show_progress: bool, timeout_s, info) -> dict[str, float]:

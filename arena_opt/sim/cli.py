@@ -102,14 +102,18 @@ def cmd_bench(args) -> int:
     check_known(policies, given)
     per_policy = {p: options_for(p, given, strict=False) for p in policies}  # each takes the flags it has
     base = _config(args, policies[0], per_policy[policies[0]])
+    bound = None if args.no_bound or args.rounds is not None else _bound_options(args)
     results, info = run_bench(base, policies, args.output_dir, parallel=args.parallel, show_progress=not args.quiet,
-                              timeout_s=args.timeout, policy_options=per_policy)
+                              timeout_s=args.timeout, policy_options=per_policy, bound=bound)
     con = Console()
     if results:
         _summary(con, results)
     for p, why in info["failed"].items():
         con.print(f"[red]{p} failed:[/red] {why}")
     out = Path(args.output_dir)
+    if "bound" in info and info["bound"]["avg_jct_bound_s"] is not None:
+        print(f"LP lower bound on average JCT: {info['bound']['avg_jct_bound_s']:,.1f} s "
+              f"({info['bound']['status']}, {info['bound']['total_s']:.1f} s); bound.json")
     print(f"planner warm-up {info['plan_warmup_s']:.1f} s; results in {out}/ (one JSON per policy, results.md, "
           f"status.json, {len(info.get('plots', []))} plots)")
     if "interrupted" in info:
@@ -154,12 +158,12 @@ def cmd_bound(args) -> int:
 
 
 def _bound_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--epsilon", type=float, default=0.25,
-                   help="LP time blocks at most this times the job's age (smaller: tighter, larger LP; default 0.25)")
+    p.add_argument("--epsilon", type=float, default=0.5,
+                   help="LP time blocks at most this times the job's age (smaller: tighter, larger LP; default 0.5)")
     p.add_argument("--bound-time-limit", type=float, default=900.0,
                    help="seconds for the LP (a valid but weaker bound comes back at the limit; default 900)")
-    p.add_argument("--bound-method", default="colgen", choices=["colgen", "full"],
-                   help="column generation (default) or every LP column at once")
+    p.add_argument("--bound-method", default="full", choices=["colgen", "full"],
+                   help="every LP column at once, by HiGHS's interior point (default), or column generation")
 
 
 def _summary(con, results: list[dict]) -> None:
@@ -215,6 +219,9 @@ def register(sub) -> None:
     b.add_argument("--parallel", type=int, default=1, help="policies run at once (default 1)")
     b.add_argument("--timeout", type=float, help="give up on a policy after this many seconds")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
+    _bound_args(b)
+    b.add_argument("--no-bound", action="store_true",
+                   help="skip the LP lower bound on average JCT (computed after the policies of a run to completion)")
     b.set_defaults(func=cmd_bench)
 
     lb = sub.add_parser("bound", help="a provable lower bound on the average JCT of any schedule (LP relaxation)")

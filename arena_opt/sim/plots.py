@@ -25,7 +25,26 @@ def plot_all(results: list[dict], out_dir: str | Path) -> list[Path]:
             _series(results, "throughput", "cluster throughput (samples/s)", out_dir / "throughput.png"),
             _series(results, "queue_len", "waiting jobs", out_dir / "queue_length.png"),
             _series(results, "gpu_util", "GPU utilization (productive)", out_dir / "gpu_util.png", scale=100,
-                    ylabel="%")]
+                    ylabel="%")] + ([_bound_ratio(results, out_dir / "jct_over_bound.png")]
+                                    if any(r.get("jct_over_lp_bound") for r in results) else [])
+
+
+def _bound_ratio(results: list[dict], path: Path) -> Path:
+    """Each policy's average JCT as a multiple of the LP lower bound (1 = provably optimal)."""
+    plt = _plt()
+    rows = [(r["policy"], r["jct_over_lp_bound"]) for r in results if r.get("jct_over_lp_bound")]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar([p for p, _ in rows], [v for _, v in rows], color="tab:blue")
+    for i, (_, v) in enumerate(rows):
+        ax.text(i, v, f"{v:.2f}", ha="center", va="bottom")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylabel("average JCT / LP lower bound")
+    ax.set_title(f"distance from the bound ({results[0]['lp_bound_s']:,.0f} s)")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _jct_cdf(results: list[dict], path: Path) -> Path:

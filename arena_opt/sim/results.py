@@ -40,6 +40,7 @@ COLUMNS = [
     ("policy", "policy", lambda m: m["policy"]),
     ("finished / arrived", "finished", lambda m: f"{m['finished']}/{m['jobs'] - m['rejected'] - m['not_arrived']}"),
     ("avg JCT (s)", "avg_jct_s", lambda m: _f(m["avg_jct_s"])),
+    ("avg JCT / LP bound", "jct_over_lp_bound", lambda m: _f(m.get("jct_over_lp_bound"), 2)),
     ("median JCT (s)", "median_jct_s", lambda m: _f(m["median_jct_s"])),
     ("p95 JCT (s)", "p95_jct_s", lambda m: _f(m["p95_jct_s"])),
     ("p99 JCT (s)", "p99_jct_s", lambda m: _f(m["p99_jct_s"])),
