@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from arena_opt.perf.estimator import GridShape, PerfEstimator
-from arena_opt.policies.common import GridCache
+from arena_opt.grids import GridCatalog
 from arena_opt.reconfig import ReconfigModel
 from arena_opt.snapshot import ClusterSnapshot, Job
 
@@ -159,8 +159,7 @@ def build_instance(jobs: list[Job], cluster: ClusterSnapshot, truth: PerfEstimat
         cap[n.gpu_type] += n.num_gpus
     # the simulator rejects a job on arrival when none of the policies' grids runs it (sim/engine.py):
     # such a job is in no policy's average, so it is left out of the bound's too
-    admitted = GridCache(truth)
-    admitted.bind(cluster)
+    admitted = GridCatalog.of(truth)
     memo: dict[tuple, list[tuple[str, int, float]]] = {}
     out, rejected, before = [], [], 0
     for j in sorted(jobs, key=lambda j: j.submit_time):
@@ -168,7 +167,7 @@ def build_instance(jobs: list[Job], cluster: ClusterSnapshot, truth: PerfEstimat
         if key not in memo:
             memo[key] = truth_grids(j, cluster, truth, shapes)
         grids = [BoundGrid(t, n, j.total_iterations * it) for t, n, it in memo[key]]
-        if not grids or not admitted.options(j):
+        if not grids or not admitted.options(j, cluster):
             rejected.append(j.id)
             continue
         before += len(grids)
