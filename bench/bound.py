@@ -49,6 +49,8 @@ def philly(data: str | None, opts: BoundOptions) -> dict | None:
     _, rec = config_bound(cfg, opts)
     committed = json.loads((ROOT / "bench/results/simulate.json").read_text())
     full = committed["modes"].get("full", {}).get("rows", [])
+    print(f"philly: status {rec['status']}, bound {rec['avg_jct_bound_s']}, horizon {rec['horizon_s']:.0f} s, "
+          f"tail {rec['tail_work']:.2e}, {rec['total_s']:.0f} s", flush=True)
     rec["policies"] = {r["policy"]: {"avg_jct_s": r["avg_jct_s"], "finished": r["finished"],
                                      "over_bound": r["avg_jct_s"] / rec["avg_jct_bound_s"]
                                      if rec["avg_jct_bound_s"] else None,
@@ -154,7 +156,11 @@ def main(argv=None) -> int:
     if "philly" in parts:
         rec = philly(args.data, opts)
         payload["philly"] = rec
-        if rec is not None:
+        if rec is not None and rec["avg_jct_bound_s"] is None:
+            md += ["## Philly (Arena's setup, as bench/simulate.py)\n",
+                   f"No bound: HiGHS ended with status {rec['status']!r} without usable duals after "
+                   f"{rec['total_s']:.0f} s ({rec['columns']:,} columns).\n"]
+        elif rec is not None:
             md += ["## Philly (Arena's setup, as bench/simulate.py)\n",
                    f"Bound: average JCT >= **{rec['avg_jct_bound_s']:,.0f} s** over {rec['jobs']} jobs "
                    f"({rec['rejected']} rejected by the truth), LP status {rec['status']}; contention-free "

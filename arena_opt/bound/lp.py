@@ -294,6 +294,7 @@ def solve(inst: BoundInstance, opts: BoundOptions | None = None) -> BoundResult:
     t_build = t_solve = 0.0
     deadline = time.perf_counter() + opts.time_limit_s
     rounds = 0
+    kept = None  # every horizon's LP bounds the average JCT: keep the highest valid one
     for doubling in range(opts.max_doublings + 1):
         horizon = _horizon_cells(inst, cell, opts, doubling)
         t0 = time.perf_counter()
@@ -310,8 +311,12 @@ def solve(inst: BoundInstance, opts: BoundOptions | None = None) -> BoundResult:
         if x is not None:
             ycol, yinvp, ytail = m.y_work
             tail = float((x[ycol[ytail]] * yinvp[ytail]).sum() / len(inst.jobs))
+        valid = lag is not None and math.isfinite(lag)
+        if kept is None or (valid and (kept[0] is None or lag > kept[0])):
+            kept = (lag if valid else None, word, obj, x, m, horizon, tail)
         if opts.horizon_s is not None or tail <= 1e-9 or word != "optimal" or time.perf_counter() > deadline:
             break
+    lag, word, obj, x, m, horizon, tail = kept
     to_s = inst.origin - mean_submit
     bound = lag * cell + to_s if lag is not None and math.isfinite(lag) else None
     comp = {}
