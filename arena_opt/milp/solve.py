@@ -1,8 +1,10 @@
-"""Solve a level-1 model with HiGHS, with a time limit, a gap and full reporting.
+"""Solve linear models with HiGHS, with a time limit, a gap and full reporting: the level-1 MILP
+(`solve_problem`) and any LinearModel (`solve_linear`, also the baselines' 0/1 programs).
 
-`backend="pyomo"` (default) states the rows as a Pyomo model and solves it through Pyomo's HiGHS
-interface; `backend="highspy"` hands the same rows to highspy as arrays, which avoids Pyomo's
-per-expression overhead (most of a small round's time) for simulations of thousands of rounds.
+`backend="pyomo"` (the MILP's default) emits the named blocks and families as a Pyomo model and solves
+it through Pyomo's HiGHS interface; `backend="highspy"` hands the same matrix to highspy as arrays,
+which avoids Pyomo's per-expression overhead (most of a small round's time) for simulations of
+thousands of rounds.
 """
 
 from __future__ import annotations
