@@ -17,6 +17,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativ
 
 from arena_opt.decision import Decision
 from arena_opt.plan import Plan
+from arena_opt.snapshot import Node
 from models.catalog import Arch
 from runners.spec import Scale, check_model_name
 
@@ -114,6 +115,11 @@ class Runner(abc.ABC):
 
     def set_event_log(self, log) -> None:
         """Where the runner's events (runners.events.EventLog) go; a runner that runs nothing has none."""
+
+    def cluster_nodes(self) -> "list[Node] | None":
+        """The nodes the runner's cluster offers now (the engine's view: nodes down or drained are
+        gone); None = the runner has no view of its own and the loop keeps its node list."""
+        return None
 
     def shutdown(self) -> None:
         """Stop every job; nothing the runner started may outlive this call."""

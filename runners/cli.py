@@ -2,7 +2,7 @@
 
     arena-opt run --backend dry-run --snapshot SNAPSHOT.json       # decide once, print torchrun commands
     arena-opt run --trace TRACE --cluster SPEC --backend local      # live loop on this host
-    arena-opt run --trace TRACE --cluster SPEC --backend agents --agents n0=HOST:PORT,n1=HOST:PORT
+    arena-opt run --trace TRACE --backend slurm                     # live loop on the Slurm that $SLURM_CONF names
 
 The lead's `arena_opt.cli` calls `register(subparsers)`.
 """
@@ -21,10 +21,12 @@ from runners.spec import DEFAULT_CKPT_EVERY_S
 
 
 def register(subparsers) -> None:
-    r = subparsers.add_parser("run", help="apply decisions to torchrun jobs (local, dry-run or node agents)",
+    r = subparsers.add_parser("run", help="apply decisions to torchrun jobs (local, dry-run or Slurm)",
                               description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
-    r.add_argument("--backend", choices=["local", "dry-run", "agents"], default="local")
+    r.add_argument("--backend", choices=["local", "dry-run", "slurm"], default="local",
+                   help="local: this host; dry-run: print the commands and sbatch scripts; slurm: one heterogeneous "
+                        "sbatch per launch on the cluster $SLURM_CONF names (nodes from Slurm unless --cluster)")
     r.add_argument("--snapshot", help="cluster snapshot JSON: dry-run decides on it once; live backends run its jobs")
     r.add_argument("--trace", help="job trace (Arena CSV or JSON Lines) for the live loop")
     r.add_argument("--cluster", help="cluster spec for the live loop (TYPE:NODESxGPUS,... or JSON)")
@@ -55,7 +57,8 @@ def register(subparsers) -> None:
     r.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     r.add_argument("--remove-node", action="append", default=[], metavar="NODE@SECONDS",
                    help="node leaves the cluster at that wall second (fault drill; repeatable)")
-    r.add_argument("--agents", help="agents backend: NODE=HOST:PORT,... (one agent per node)")
+    r.add_argument("--gpu-map", help="slurm: GRES type -> catalog GPU name JSON (see `arena-opt slurm snapshot -h`)")
+    r.add_argument("--partition", help="slurm: only the nodes of this partition")
     r.add_argument("--node-addr", help="dry-run: NODE=HOST,... rendezvous host of each node (default: the node id)")
     r.add_argument("--restart-s", type=float, default=20.0,
                    help="live: seconds a (re)start costs, for the policy's penalty (default 20, measured on "
@@ -126,8 +129,9 @@ def cmd_run(args) -> int:
         if snap is None:
             raise InputError("--backend dry-run needs --snapshot SNAPSHOT.json")
         return _dry_run(args, snap)
-    if snap is None and not (args.trace and args.cluster):
-        raise InputError("a live run needs --trace and --cluster (or --snapshot)")
+    if snap is None and not (args.trace and (args.cluster or args.backend == "slurm")):
+        raise InputError("a live run needs --trace and --cluster (or --snapshot; --backend slurm reads the nodes "
+                         "from Slurm)")
     return _live(args, snap)
 
 
@@ -149,10 +153,26 @@ def _dry_run(args, snap) -> int:
 
 def _live(args, snap) -> int:
     from arena_opt.cluster import load_cluster
+    from arena_opt.snapshot import ClusterSnapshot
     from arena_opt.trace import TraceJob, load_trace
     from runners.live import LiveLoop, LiveOptions
 
-    cluster = load_cluster(args.cluster) if args.cluster else snap.model_copy(update={"jobs": []})
+    kw = dict(device=args.device, ckpt_interval=args.ckpt_interval, ckpt_every_s=args.ckpt_every_s,
+              keep_checkpoints=args.keep_checkpoints, max_restarts=args.max_restarts,
+              max_failures=args.max_failures, backoff_s=args.retry_backoff)
+    slurm_runner = None
+    if args.backend == "slurm":
+        from arena_opt.slurm.gres import GpuMap
+        from runners.slurm import SlurmRunner
+
+        slurm_runner = SlurmRunner(Path(args.workdir).resolve(), gpu_map=GpuMap.load(args.gpu_map),
+                                   partition=args.partition, **kw)
+    if args.cluster:
+        cluster = load_cluster(args.cluster)
+    elif slurm_runner is not None:
+        cluster = ClusterSnapshot(nodes=slurm_runner.cluster_nodes())
+    else:
+        cluster = snap.model_copy(update={"jobs": []})
     trace: list = []
     if args.trace:
         trace = load_trace(args.trace, catalog=cluster.catalog)
@@ -173,19 +193,8 @@ def _live(args, snap) -> int:
     opts = LiveOptions(interval_s=args.interval, time_scale=args.time_scale, iter_scale=args.iter_scale,
                        batch_divisor=args.batch_divisor, max_jobs=args.max_jobs, duration_s=args.duration,
                        scale=_live_scale(args.model_size), node_removals=removals)
-    kw = dict(device=args.device, ckpt_interval=args.ckpt_interval, ckpt_every_s=args.ckpt_every_s,
-              keep_checkpoints=args.keep_checkpoints, max_restarts=args.max_restarts,
-              max_failures=args.max_failures, backoff_s=args.retry_backoff)
-    if args.backend == "agents":
-        from runners.agent import AgentRunner
-
-        agents = _pairs(args.agents, "--agents")
-        if not agents:
-            raise InputError("--backend agents needs --agents NODE=HOST:PORT,...")
-        unknown = set(agents) - {n.id for n in cluster.nodes}
-        if unknown:
-            raise InputError(f"--agents: node(s) {sorted(unknown)} are not in the cluster")
-        runner = AgentRunner(Path(args.workdir).resolve(), agents, **kw)
+    if args.backend == "slurm":
+        runner = slurm_runner
     else:
         from runners.local import LocalRunner
 

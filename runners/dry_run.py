@@ -1,6 +1,6 @@
 """Dry-run backend: prints, per decision, the exact torchrun command and
 environment each node would run (and the stop requests for preemptions and
-reshapes) instead of running anything. This is also the hand-off to an
+reshapes) and the Slurm batch script of each launch instead of running anything. This is also the hand-off to an
 existing launcher: every printed command is self-contained (inline spec).
 
 Paths in the commands (run and checkpoint directories) must be on a file
@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import TextIO
 
 from arena_opt.decision import Decision, JobDecision
+from arena_opt.slurm.gres import GpuMap
 from arena_opt.plan import Plan
 from arena_opt.snapshot import ClusterSnapshot
 from runners.base import JobSpec, ObservedJob, Runner, RunnerError
 from runners.launch import DEFAULT_PORT, NodeLaunch, node_launches
 from runners.managed import job_root, make_train_spec
 from runners.progress import STOP_FILE
+from runners.slurm import sbatch_script
 from runners.spec import Scale
 
 
@@ -48,6 +50,7 @@ class DryRunRunner(Runner):
         self.max_restarts = max_restarts
         self.device = device
         self.jobs: dict[str, _DryJob] = {}
+        self.gpu_map = GpuMap.load()
 
     def add_job(self, job: JobSpec, running: tuple[str | None, dict[str, list[int]], Plan] | None = None) -> None:
         if job.job_id in self.jobs:
@@ -126,10 +129,28 @@ class DryRunRunner(Runner):
         for nl in launches:
             self._print(f"# node {nl.node_id} (node rank {nl.node_rank} of {nl.nnodes}, {nl.nproc} process(es))")
             self._print(nl.shell())
+        self._print_sbatch(j, jd, spec, endpoint)
         j.launches = launches
         j.running = (jd.gpu_type, dict(jd.placement), jd.plan)
         j.generation += 1
         j.state = "running"
+
+
+    def _print_sbatch(self, j: _DryJob, jd: JobDecision, spec, endpoint: str) -> None:
+        """The same launch as `--backend slurm` submits it (Slurm sets CUDA_VISIBLE_DEVICES itself)."""
+        assert jd.gpu_type is not None
+        gres = self.gpu_map.gres_name(jd.gpu_type)
+        logs = job_root(self.workdir, j.spec.job_id) / "logs"
+        g = spec.generation
+        script = sbatch_script(node_launches(spec, jd.placement, endpoint, use_gpus=False),
+                               {n: gres for n in jd.placement}, name=f"arena-{j.spec.job_id}-g{g}",
+                               logs=[str(logs / f"g{g}-{n}.log") for n in jd.placement],
+                               rc_files=[str(logs / f"g{g}-{k}.rc") for k in range(len(jd.placement))],
+                               batch_log=str(logs / f"g{g}-batch.log"))
+        self._print("# as a Slurm batch script (sbatch, --backend slurm):")
+        self._print("cat > " + shlex.quote(str(logs / f"g{g}.sbatch")) + " <<'SBATCH'")
+        self.out.write(script)
+        self._print("SBATCH")
 
 
 def jobs_from_snapshot(snap: ClusterSnapshot, scale: Scale | None = None) -> list[tuple[JobSpec, tuple | None]]:

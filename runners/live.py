@@ -155,6 +155,10 @@ class LiveLoop:
 
     def _round(self, t: float) -> None:
         self._apply_removals(t)
+        current = self.runner.cluster_nodes()
+        if current is not None:
+            # the engine's view (Slurm): a node down or drained is gone from it, its jobs are re-planned
+            self.nodes = [n for n in current if n.id not in self._removed]
         obs = self._observe(t)
         self._feed_estimator()
         snap = self._snapshot(t, obs)

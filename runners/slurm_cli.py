@@ -39,22 +39,11 @@ def _common(p) -> None:
                                      f"{DEFAULT_GPU_MAP_PATH} if it exists, else built-in names)")
 
 
-def progress_steps(run_dir: str) -> float | None:
-    """Steps done by a job arena-opt launched, from its progress file (None: no report yet)."""
-    from runners.progress import ProgressReader
-
-    p = ProgressReader(run_dir, keep_events=False).poll()
-    return float(p.step) if p.started else None
-
-
-def read_view(gpu_map_path: str | None, partition: str | None = None, own=None):
-    from arena_opt.slurm.commands import read_jobs, read_nodes
+def read_view(gpu_map_path: str | None, partition: str | None = None):
     from arena_opt.slurm.gres import GpuMap
-    from arena_opt.slurm.snapshot import build_snapshot
+    from runners.slurm import read_view
 
-    gpu_map = GpuMap.load(gpu_map_path)
-    return build_snapshot(read_nodes(), read_jobs(), gpu_map, partition=partition, own=own,
-                          progress_of=progress_steps)
+    return read_view(GpuMap.load(gpu_map_path), partition)
 
 
 def cmd_snapshot(args) -> int:

@@ -28,10 +28,10 @@ from runners.train import parse_args
 
 
 def _commands(text: str) -> list[tuple[dict[str, str], list[str]]]:
-    """(environment, argv) of every torchrun line printed."""
+    """(environment, argv) of every torchrun line printed (not those of the sbatch scripts)."""
     out = []
     for line in text.splitlines():
-        if "runners.train" not in line or line.startswith("#"):
+        if "runners.train" not in line or line.startswith(("#", "( srun")):
             continue
         words = shlex.split(line)
         env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-") and w.split("=")[0].isupper())
@@ -54,6 +54,11 @@ def test_dry_run_prints_each_nodes_torchrun_for_a_multi_node_decision(tmp_path):
                                                    placement=placement, plan=plan)]))
     cmds = _commands(out.getvalue())
     assert len(cmds) == 2
+    # the same launch as the Slurm backend submits it: one heterogeneous component per node
+    text = out.getvalue()
+    assert "#SBATCH --nodelist=gpu-a --nodes=1 --ntasks=1 --cpus-per-task=1 --gres=gpu:h100:4" in text
+    assert "#SBATCH hetjob\n#SBATCH --nodelist=gpu-b " in text
+    assert text.count("( srun --het-group=") == 2 and "CUDA_VISIBLE_DEVICES=" not in text.split("<<'SBATCH'")[1]
     for rank, ((env, argv), (node, gpus)) in enumerate(zip(cmds, placement.items())):
         assert argv[0].endswith("torchrun")
         assert _opt(argv, "nnodes") == "2" and _opt(argv, "node-rank") == str(rank)

@@ -1,0 +1,245 @@
+"""Slurm backend: the live loop's decisions carried out by Slurm.
+
+One launch (generation) of a job = one heterogeneous `sbatch`, one component per placed node
+(`--nodelist=NODE -N1 -n1 --gres=gpu:TYPE:N`), each running the torchrun command of
+runners/launch.py under `srun --het-group=K`; each component's exit code goes to a file next to the
+job's logs (accounting may be off on a site). Slurm picks the GPU indices: the runner reads them back
+from `squeue --json` (`gres_detail` IDX) and reports them, in the snapshot's GPU indices
+(Node.gpu_ids), as the job's placement.
+
+Stopping (preempt, reshape, migrate) is the life cycle of runners/managed.py: a save-and-exit request
+(every rank saves its checkpoint, torchrun exits 0); a launch that does not exit within the stop
+timeout is `scancel`ed: SIGTERM, which also makes the ranks save, then SIGKILL after the cluster's
+KillWait. A generation Slurm leaves pending (a foreign job took the GPUs first) is reported as
+pending, so the next round re-plans it; the new decision replaces it unless it names the same
+allocation. `cluster_nodes()` is the next snapshot's node list: DOWN / DRAIN nodes drop out and the
+jobs on them are re-planned from their last checkpoint.
+
+The job directories (run, checkpoint, logs) must be on a file system all nodes share.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from pathlib import Path
+
+from arena_opt.decision import Decision
+from arena_opt.slurm.commands import SlurmCommandError, slurm
+from arena_opt.slurm.gres import GpuMap
+from arena_opt.slurm.snapshot import SlurmJobView, SlurmView, build_snapshot
+from arena_opt.snapshot import Node
+from runners.base import ObservedJob
+from runners.launch import NodeLaunch, free_port, node_launches
+from runners.managed import LaunchError, LaunchHandle, ManagedRunner, _Job
+from runners.progress import ProgressReader
+from runners.spec import TrainSpec
+
+TERMINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                      "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
+KILL_WAIT_GRACE_S = 60.0  # upper bound on the cluster's KillWait the runner waits out after scancel
+
+
+def progress_steps(run_dir: str) -> float | None:
+    """Steps done by a job arena-opt launched, from its progress file (None: no report yet)."""
+    p = ProgressReader(run_dir, keep_events=False).poll()
+    return float(p.step) if p.started else None
+
+
+def read_view(gpu_map: GpuMap, partition: str | None = None, own=None) -> SlurmView:
+    from arena_opt.slurm.commands import read_jobs, read_nodes
+
+    return build_snapshot(read_nodes(), read_jobs(), gpu_map, partition=partition, own=own,
+                          progress_of=progress_steps)
+
+
+def sbatch_script(launches: list[NodeLaunch], gres: dict[str, str], *, name: str, logs: list[str],
+                  rc_files: list[str], batch_log: str) -> str:
+    """The heterogeneous batch script of one launch: component K on node K of the placement."""
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --output={batch_log}"]
+    for k, nl in enumerate(launches):
+        if k:
+            lines.append("#SBATCH hetjob")
+        lines.append(f"#SBATCH --nodelist={nl.node_id} --nodes=1 --ntasks=1 --cpus-per-task=1 "
+                     f"--gres=gpu:{gres[nl.node_id]}:{nl.nproc}")
+    lines.append("# Slurm sets CUDA_VISIBLE_DEVICES to the GPUs it picked; the exit code of each node's torchrun")
+    lines.append("# goes to its rc file (accounting may be off)")
+    for k, nl in enumerate(launches):
+        env = [f"{key}={val}" for key, val in sorted(nl.env.items())]
+        group = [f"--het-group={k}"] if len(launches) > 1 else []  # one node: not a heterogeneous job
+        cmd = shlex.join(["srun", *group, f"--output={logs[k]}", "env", *env, *nl.argv])
+        lines.append(f"( {cmd}; echo $? > {shlex.quote(rc_files[k])} ) &")
+    lines.append("wait")
+    return "\n".join(lines) + "\n"
+
+
+class SlurmLaunch(LaunchHandle):
+    """One Slurm job (all components of the heterogeneous job) running one launch of a job."""
+
+    def __init__(self, slurm_id: str, rc_files: list[Path], log_paths: list[str]) -> None:
+        self.slurm_id = slurm_id
+        self.rc_files = rc_files
+        self.log_paths = log_paths
+        self.devices: dict[str, list[int]] = {}
+
+    def states(self) -> set[str]:
+        """Slurm states of the components; empty once Slurm forgot the job."""
+        try:
+            out = slurm("squeue", "-h", "-j", self.slurm_id, "-o", "%T")
+        except SlurmCommandError as e:
+            if "Invalid job id" in e.slurm_message:
+                return set()
+            raise
+        return set(out.split())
+
+    def pending(self) -> bool:
+        return self.states() == {"PENDING"}
+
+    def poll(self) -> list[int | None]:
+        rcs = [_read_rc(p) for p in self.rc_files]
+        if all(rc is not None for rc in rcs):
+            return rcs
+        st = self.states()
+        if st and not st <= TERMINAL:
+            return rcs
+        # the job is over but a component wrote no exit code: it was killed (node failure, scancel)
+        time.sleep(0.2)  # an rc file written as the job ended
+        return [rc if rc is not None else (_read_rc(p) if _read_rc(p) is not None else -1)
+                for rc, p in zip(rcs, self.rc_files)]
+
+    def _cancel_and_wait(self, args: list[str], timeout: float) -> None:
+        try:
+            slurm("scancel", *args, self.slurm_id)
+        except SlurmCommandError:
+            pass  # already gone
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            st = self.states()
+            if not st or st <= TERMINAL:
+                return
+            time.sleep(0.2)
+
+    def terminate(self, timeout: float) -> None:
+        # SIGTERM to every step (the ranks save), SIGKILL after KillWait
+        self._cancel_and_wait([], timeout + KILL_WAIT_GRACE_S)
+
+    def kill(self) -> None:
+        self._cancel_and_wait(["--signal=KILL", "--full"], 10.0)
+        self._cancel_and_wait([], KILL_WAIT_GRACE_S)
+
+
+def _read_rc(p: Path) -> int | None:
+    try:
+        return int(p.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class SlurmRunner(ManagedRunner):
+    def __init__(self, workdir: str | Path, *, gpu_map: GpuMap | None = None, partition: str | None = None,
+                 tag: str | None = None, **kw) -> None:
+        super().__init__(workdir, **kw)
+        self.gpu_map = gpu_map or GpuMap.load()
+        self.partition = partition
+        # the runner's own Slurm jobs are named arena-TAG-...: neither occupants nor snapshot jobs
+        self.tag = tag or f"{os.getpid()}"
+        self._view: SlurmView | None = None
+        self._view_t = 0.0
+
+    # ------------------------------------------------------------------ what Slurm shows
+
+    def _own(self, v: SlurmJobView) -> bool:
+        return v.name.startswith(f"arena-{self.tag}-")
+
+    def view(self, max_age_s: float = 0.5) -> SlurmView:
+        if self._view is None or time.time() - self._view_t > max_age_s:
+            self._view = read_view(self.gpu_map, self.partition, own=self._own)
+            self._view_t = time.time()
+        return self._view
+
+    def cluster_nodes(self) -> list[Node]:
+        return list(self.view(max_age_s=0).snapshot.nodes)
+
+    # ------------------------------------------------------------------ ManagedRunner hooks
+
+    def _start(self, job: _Job, spec: TrainSpec, placement: dict[str, list[int]]) -> LaunchHandle:
+        view = self.view(max_age_s=0)
+        missing = [n for n in placement if n not in view.gres_type]
+        if missing:
+            raise LaunchError(f"node(s) {', '.join(missing)} not offered by Slurm now "
+                              f"({'; '.join(view.left_out.get(n, 'unknown node') for n in missing)})")
+        first = view.nodes[next(iter(placement))]
+        endpoint = f"{first.address or first.name}:{free_port()}"
+        launches = node_launches(spec, placement, endpoint, use_gpus=False)
+        g = spec.generation
+        logs = [str(self.log_path(job, g, n)) for n in placement]
+        rc_files = [job.root / "logs" / f"g{g}-{k}.rc" for k in range(len(launches))]
+        for p in rc_files:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.unlink(missing_ok=True)
+        script = sbatch_script(launches, view.gres_type, name=f"arena-{self.tag}-{spec.job_id}-g{g}", logs=logs,
+                               rc_files=[str(p) for p in rc_files], batch_log=str(job.root / "logs" / f"g{g}-batch.log"))
+        path = job.root / "logs" / f"g{g}.sbatch"
+        path.write_text(script)
+        try:
+            out = slurm("sbatch", "--parsable", f"--chdir={job.root}", str(path))
+        except SlurmCommandError as e:
+            raise LaunchError(f"sbatch refused the launch: {e.slurm_message}") from None
+        return SlurmLaunch(out.strip().split(";")[0], rc_files, logs)
+
+    # ------------------------------------------------------------------ pending generations, real GPUs
+
+    def apply(self, decision: Decision) -> None:
+        by_job = decision.by_job()
+        for jid, j in self.jobs.items():
+            h = j.handle
+            jd = by_job.get(jid)
+            if not isinstance(h, SlurmLaunch) or j.state != "running" or jd is None or not h.pending():
+                continue
+            if jd.runs and (jd.gpu_type, jd.placement, jd.plan) == (j.gpu_type, j.placement, j.plan):
+                continue  # still waiting for the same GPUs
+            # never started: nothing to save; the new decision replaces it
+            h.kill()
+            j.handle, j.state, j.message = None, "pending", f"launch {j.generation - 1} left pending by Slurm"
+            j.timeline.append(("exited", time.time()))
+        super().apply(decision)
+
+    def status(self) -> list[ObservedJob]:
+        out = super().status()
+        view = self.view()
+        for i, o in enumerate(out):
+            j = self.jobs[o.job_id]
+            h = j.handle
+            if o.state != "running" or not isinstance(h, SlurmLaunch):
+                continue
+            v = view.jobs.get(int(h.slurm_id))
+            if v is None or v.state == "PENDING":
+                # waiting for GPUs: not running, so the next round re-plans it
+                out[i] = o.model_copy(update={"state": "pending", "placement": {}, "num_gpus": 0, "plan": None,
+                                              "message": f"Slurm job {h.slurm_id} pending"})
+                continue
+            placement = self._placement(v.devices)
+            if placement is not None:
+                j.placement = placement
+                h.devices = v.devices
+                out[i] = o.model_copy(update={"placement": placement})
+        return out
+
+    def _placement(self, devices: dict[str, list[int]]) -> dict[str, list[int]] | None:
+        """Slurm's device indices as snapshot GPU indices (None if a node is not offered now)."""
+        nodes = {n.id: n for n in self.view().snapshot.nodes}
+        out = {}
+        for node, idx in devices.items():
+            n = nodes.get(node)
+            if n is None:
+                return None
+            ids = n.gpu_ids or list(range(n.num_gpus))
+            if any(d not in ids for d in idx):
+                return None
+            out[node] = sorted(ids.index(d) for d in idx)
+        return out
+
+    def slurm_id(self, job_id: str) -> str | None:
+        h = self.jobs[job_id].handle
+        return h.slurm_id if isinstance(h, SlurmLaunch) else None

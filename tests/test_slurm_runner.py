@@ -1,0 +1,150 @@
+"""The Slurm backend against a real Slurm (fixture `slurm`, tests/slurm_cluster.py): a 2-node job
+as one heterogeneous sbatch, reshaped to the other GPU type with the loss continuing; a node drained
+under a job -> the job re-planned elsewhere from its checkpoint by the live loop; a generation left
+pending by Slurm is reported pending. Tiny models on CPU (gloo)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from arena_opt.decision import Decision, JobDecision
+from arena_opt.plan import Plan
+from runners.base import JobSpec
+from runners.reference import reference_losses
+from runners.slurm import SlurmRunner
+from runners.spec import resolve_arch
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+TOL = 1e-3  # see tests/test_runners_local.py
+
+
+def decide(job: str, action: str, gpu: str, placement: dict[str, list[int]], plan: Plan) -> Decision:
+    return Decision(policy="test", jobs=[JobDecision(job_id=job, action=action, gpu_type=gpu, num_gpus=plan.num_gpus,
+                                                     num_nodes=len(placement), placement=placement, plan=plan)])
+
+
+def wait(r, job: str, pred, timeout: float = 120.0, what: str = ""):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        st = {o.job_id: o for o in r.status()}[job]
+        if pred(st):
+            return st
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}: {st}")
+
+
+def test_two_node_job_then_reshape_to_the_other_gpu_type(slurm, tmp_path):
+    r = SlurmRunner(tmp_path / "work", device="cpu", tag="t1")
+    try:
+        spec = JobSpec(job_id="m", model="gpt-350M", global_batch=8, total_steps=8, step_delay_s=0.3)
+        r.add_job(spec)
+        nodes = {n.id: n for n in r.cluster_nodes()}
+        assert set(nodes) == {"n1", "n2", "n3", "n4"}
+        # a foreign job holds n1's first device: Slurm gives ours device 1, reported as index 0 of 3
+        slurm.run("sbatch", "--nodelist=n1", "-N1", "--gres=gpu:a100:1", "--wrap", "sleep 300")
+        slurm.wait_for(lambda: "RUNNING" in slurm.run("squeue", "-h", "-o", "%T").stdout, 20)
+        assert next(n for n in r.cluster_nodes() if n.id == "n1").gpu_ids == [1, 2, 3]
+        r.apply(decide("m", "start", "a100-40gb", {"n1": [0], "n2": [0]}, Plan(dp=2)))
+        st = wait(r, "m", lambda s: s.step >= 2 or s.state not in ("running", "pending"), what="steps on 2 nodes")
+        assert st.state == "running", st.message
+        assert st.placement == {"n1": [0], "n2": [0]}
+        sid = r.slurm_id("m")
+        detail = slurm.run("scontrol", "show", "job", "-d", sid).stdout
+        assert "gpu:a100:1(IDX:1)" in detail and "gpu:a100:1(IDX:0)" in detail  # one component per node
+        # reshape to v100 on one node
+        r.apply(decide("m", "reshape", "v100-32gb", {"n3": [0, 1]}, Plan(dp=2)))
+        st = wait(r, "m", lambda s: s.state not in ("running", "pending"), what="finish")
+        assert st.state == "finished", st.message
+        assert st.gpu_type == "v100-32gb" and st.placement == {"n3": [0, 1]}
+        events = r.events("m")
+        saved = [e["step"] for e in events if e["event"] == "checkpoint"]
+        loaded = [e["step"] for e in events if e["event"] == "loaded"]
+        assert loaded and loaded[0] == saved[0] and [e["step"] for e in events if e["event"] == "step"] == \
+            list(range(1, 9))
+        got = r.losses("m")
+        ref = reference_losses(resolve_arch(spec.model, spec.scale), 8, spec.global_batch, seed=spec.seed, lr=spec.lr)
+        assert max(abs(got[s] - ref[s - 1]) for s in got) < TOL
+    finally:
+        r.shutdown()
+    assert not [l for l in slurm.run("squeue", "-h", "-o", "%j %T").stdout.splitlines() if l.startswith("arena-t1-")
+                and "RUNNING" in l]
+
+
+def test_pending_generation_is_reported_pending(slurm, tmp_path):
+    r = SlurmRunner(tmp_path / "work", device="cpu", tag="t2")
+    try:
+        r.add_job(JobSpec(job_id="p", model="gpt-350M", global_batch=4, total_steps=50, step_delay_s=0.3))
+        r.cluster_nodes()
+        # a foreign job takes 3 of n4's GPUs after the decision for 2 of them was made
+        slurm.run("sbatch", "--nodelist=n4", "-N1", "--gres=gpu:v100:3", "--wrap", "sleep 300")
+        slurm.wait_for(lambda: "RUNNING" in slurm.run("squeue", "-h", "-o", "%T").stdout, 20)
+        r.apply(decide("p", "start", "v100-32gb", {"n4": [0, 1]}, Plan(dp=2)))
+        st = wait(r, "p", lambda s: s.state == "pending", timeout=20, what="pending")
+        assert st.placement == {} and "pending" in st.message
+        # the next decision puts it elsewhere: the pending generation is cancelled, the new one runs
+        r.apply(decide("p", "start", "v100-32gb", {"n3": [0, 1]}, Plan(dp=2)))
+        st = wait(r, "p", lambda s: s.step >= 1 or s.state in ("failed", "crashed"), what="running on n3")
+        assert st.state == "running" and st.placement == {"n3": [0, 1]}
+    finally:
+        r.shutdown()
+
+
+def test_live_loop_drained_node_replans_from_checkpoint(slurm, tmp_path):
+    from arena_opt.policies import make_policy
+    from arena_opt.snapshot import ClusterSnapshot
+    from arena_opt.trace import TraceJob
+    from runners.live import LiveLoop, LiveOptions
+
+    r = SlurmRunner(tmp_path / "work", device="cpu", tag="t3", ckpt_interval=2)
+    cluster = ClusterSnapshot(nodes=r.cluster_nodes())
+    trace = [TraceJob(id="d", submit_time=0, model="gpt-350M", batch_size=4, iterations=30, num_gpus=1)]
+    opts = LiveOptions(interval_s=3, time_scale=1, iter_scale=1, batch_divisor=1, step_delay_s=0.3, duration_s=100)
+    loop = LiveLoop(cluster, trace, r, make_policy("fcfs"), opts, tmp_path / "out", log=lambda s: None)
+    drained: list[str] = []
+
+    def drain_when_running():
+        while not drained:
+            o = loop.jobs["d"].last_obs
+            if o is not None and o.state == "running" and o.step >= 4 and o.placement:
+                node = next(iter(o.placement))
+                slurm.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=test drain")
+                drained.append(node)
+            time.sleep(0.2)
+
+    import threading
+
+    th = threading.Thread(target=drain_when_running, daemon=True)
+    th.start()
+    res = loop.run()
+    drained.append("stop")
+    assert drained[0] != "stop", "never drained"
+    rec = {j["id"]: j for j in res.jobs}["d"]
+    assert rec["status"] == "done", rec
+    events = r.events("d")
+    starts = [e for e in events if e["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["step"] > 0, "resumed from its checkpoint, not from scratch"
+    logs = r.jobs["d"].log_paths
+    assert drained[0] not in logs[0], (drained[0], logs)
+
+
+def test_cli_run_backend_slurm(slurm, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"id": "c1", "submit_time": 0, "model": "gpt-350M", "batch_size": 4,
+                                 "iterations": 6, "num_gpus": 2}) + "\n")
+    p = subprocess.run([sys.executable, "-m", "arena_opt.cli", "run", "--backend", "slurm", "--trace", str(trace),
+                        "--policy", "fcfs", "--interval", "3", "--time-scale", "1", "--iter-scale", "1",
+                        "--batch-divisor", "1", "--model-size", "scaled", "--device", "cpu", "--duration", "120",
+                        "--workdir", str(tmp_path / "w"), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=200, env={**os.environ, "ARENA_OPT_CACHE": ""})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert m["finished"] == 1
+    batch = next((tmp_path / "w" / "jobs" / "c1" / "logs").glob("g0.sbatch")).read_text()
+    assert "--gres=gpu:" in batch and "srun" in batch
