@@ -1,5 +1,5 @@
 """The torchrun command (argv + environment) each node runs for one launch of a
-job. Shared by the dry-run printer, the local backend and the node agents, so
+job. Shared by the dry-run printer, the local and the Slurm backends, so
 what dry-run prints is what the other backends execute."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Local backend: every launch is torchrun processes on this host (gloo on CPU,
 NCCL when CUDA is present). A placement over several nodes starts one torchrun
-per node here, joined by c10d rendezvous on localhost, exactly as agents on
-real nodes would."""
+per node here, joined by c10d rendezvous on localhost, exactly as the Slurm backend on
+real nodes does."""
 
 from __future__ import annotations
 

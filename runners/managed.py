@@ -1,4 +1,4 @@
-"""Job life cycle shared by every backend that really runs jobs (local, agents,
+"""Job life cycle shared by every backend that really runs jobs (local,
 Slurm): decisions become launches and save-and-exit requests, progress files
 become observed state, exits become finished / stopped / crashed / failed, and
 the fault handling below applies to all of them.
@@ -52,7 +52,7 @@ LOG_TAIL_LINES = 5
 
 
 class LaunchError(RuntimeError):
-    """The backend could not start a launch (agent unreachable, node unknown): worth a retry."""
+    """The backend could not start a launch (sbatch refused, node not offered): worth a retry."""
 
 
 class LaunchHandle(abc.ABC):

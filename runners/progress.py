@@ -1,6 +1,6 @@
 """Progress channel from a running job to the scheduler side: rank 0 appends
 one JSON object per line to `RUN_DIR/progress.jsonl`; the runner tails it.
-A file (not a socket) survives restarts of either side, works for agents on
+A file (not a socket) survives restarts of either side, works for ranks on
 other nodes via a shared run directory, and never needs log parsing.
 
 Events (all carry `event`, `time`, `generation`):
