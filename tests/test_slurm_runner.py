@@ -146,5 +146,5 @@ def test_cli_run_backend_slurm(slurm, tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     m = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert m["finished"] == 1
-    batch = next((tmp_path / "w" / "jobs" / "c1" / "logs").glob("g0.sbatch")).read_text()
+    batch = next((tmp_path / "w").rglob("g0.sbatch")).read_text()  # the job directory is runners.managed.job_root
     assert "--gres=gpu:" in batch and "srun" in batch
