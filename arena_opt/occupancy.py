@@ -20,6 +20,7 @@ count for best fit); `mark` / `rollback` undo every change after a mark, exactly
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from functools import lru_cache
 from itertools import count
@@ -204,8 +205,22 @@ class Occupancy:
             whole = p.bucket[p.g]
             if len(whole) < nodes:
                 return None
-            pick = _fewest_racks([p.ids[i] for i in p.in_order(whole)], nodes, self.layout.rack_of, set(prev),
-                                 rack_cost)
+            # racks in the order of their least recently changed whole node (what iterating the whole
+            # nodes in tie order would give), without sorting every whole node
+            rack_of, stamp, ids = self.layout.rack_of, p.stamp, p.ids
+            by_rack: dict[str, list[str]] = {}
+            first: dict[str, int] = {}
+            for i in whole:
+                r = rack_of[ids[i]]
+                lst = by_rack.get(r)
+                if lst is None:
+                    by_rack[r], first[r] = [ids[i]], stamp[i]
+                else:
+                    lst.append(ids[i])
+                    if stamp[i] < first[r]:
+                        first[r] = stamp[i]
+            by_rack = {r: by_rack[r] for r in sorted(by_rack, key=first.__getitem__)}
+            pick = _fewest_racks(by_rack, nodes, set(prev), rack_cost)
             return {n: self.gpus_free(n)[:per_node] for n in pick}
         if p.total < per_node:
             return None
@@ -321,28 +336,26 @@ def _lowest(items, cost: Callable):
     return best
 
 
-def _fewest_racks(whole: list[str], k: int, rack_of: dict[str, str], prev: set[str],
-                  rack_cost: Callable[[str], float] | None = None) -> list[str] | None:
-    """k whole nodes in as few racks as possible: the smallest rack that holds them all, else the racks
-    with the most free nodes. Racks with as many free nodes as the last one taken are interchangeable
-    for packing: with `rack_cost` (a spanning job crosses each taken rack's uplink) the cheapest go first."""
-    if len(whole) < k:
-        return None
-    by_rack: dict[str, list[str]] = defaultdict(list)
-    for n in whole:
-        by_rack[rack_of[n]].append(n)
-    for r in by_rack.values():
-        r.sort(key=lambda n: (n not in prev, n))
+def _fewest_racks(by_rack: dict[str, list[str]], k: int, prev: set[str],
+                  rack_cost: Callable[[str], float] | None = None) -> list[str]:
+    """k whole nodes (`by_rack`: the free whole nodes of each rack, racks in tie order) in as few racks as
+    possible: the smallest rack that holds them all, else the racks with the most free nodes; in a rack
+    the job's previous nodes first, then by id. Racks with as many free nodes as the last one taken are
+    interchangeable for packing: with `rack_cost` (a spanning job crosses each taken rack's uplink) the
+    cheapest go first."""
+    def first_k(nodes: list[str], n: int) -> list[str]:
+        return heapq.nsmallest(n, nodes, key=lambda x: (x not in prev, x))
+
     # racks that can host the whole job first (smallest sufficient), then the fullest racks
     single = [r for r in by_rack.values() if len(r) >= k]
     if single:
-        return min(single, key=len)[:k]
+        return first_k(min(single, key=len), k)
     order = sorted(by_rack, key=lambda r: len(by_rack[r]), reverse=True)
     if rack_cost is not None:
         order = _cheapest_ties(order, k, by_rack, rack_cost)
     pick: list[str] = []
     for r in order:
-        pick.extend(by_rack[r][: k - len(pick)])
+        pick.extend(first_k(by_rack[r], k - len(pick)))
         if len(pick) == k:
             break
     return pick
