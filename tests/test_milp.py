@@ -341,3 +341,38 @@ def test_constraint_families_named_alike_in_both_emissions():
             assert py == hs
             assert (c.lower if c.has_lb() else -np.inf) == lp.row_lower_[r]
             assert (c.upper if c.has_ub() else np.inf) == lp.row_upper_[r]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_start_vector_satisfies_every_row(seed):
+    """The greedy start HiGHS gets up front sets every column (slots, slacks too) and satisfies every row,
+    so HiGHS takes it as an incumbent as it is; its objective is the problem's objective of the selection."""
+    from arena_opt.milp.model import level1_model, model_constant, start_vector
+
+    snap, opts = shared_nodes(seed, cap=[None, 1, 2][seed])
+    opts = opts.model_copy(update={"makespan_weight": 1.0})
+    p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), opts)
+    p.guard_need[0] = p.throughput[p.grids_of(0)].max() * 2  # a shortfall, whatever the selection
+    p.guard_weight[0] = 1.0
+    sel = greedy_select(p)
+    lm = level1_model(p)
+    v = start_vector(lm, p, sel)
+    starts, idx, val = lm.csr()
+    rows = np.repeat(np.arange(lm.num_rows), np.diff(starts))
+    ax = np.bincount(rows, weights=val * v[idx], minlength=lm.num_rows)
+    lo, hi = lm.row_bounds()
+    assert np.all(ax >= lo - 1e-9) and np.all(ax <= hi + 1e-9)
+    assert float(lm.cost() @ v) + model_constant(p) == pytest.approx(p.objective(sel), rel=1e-9, abs=1e-9)
+
+
+def test_deadline_already_passed_returns_the_start():
+    """At a deadline already passed HiGHS runs for at most 10 ms: the greedy start comes back (or better)."""
+    import time
+
+    snap = tiny(5, jobs=6)
+    p = build_problem(snap, enumerate_grids(snap, EST), ArenaOptions())
+    start = greedy_select(p)
+    r = solve_problem(p, time_limit_s=10, mip_gap=0.0, threads=1, backend="highspy", start=start,
+                      deadline=time.perf_counter() - 1)
+    assert r.selection is not None and p.feasible(r.selection)
+    assert r.objective >= p.objective(start) - 1e-9

@@ -164,6 +164,29 @@ def selection_from(values, p: ClusterProblem) -> dict[int, int]:
     return {int(p.job_of[k]): int(k) for k in np.flatnonzero(x > 0.5)}
 
 
+def start_vector(lm: LinearModel, p: ClusterProblem, sel: dict[int, int]) -> np.ndarray:
+    """Every column's value for a feasible selection, so that HiGHS takes it as an incumbent as it is
+    (a start of the grid binaries alone makes HiGHS search for the rest, which at 10,000 jobs it may
+    not finish in time): x as selected, each node's free slots at their largest, slacks at the shortfall."""
+    v = np.zeros(lm.num_cols)
+    v[list(sel.values())] = 1.0
+    cur = current_grid(p)
+    for b in lm.blocks:
+        if b.name == "node_free_slots":
+            nodes = {nid: (pi.gpus_per_node, users) for pi in p.pools.values() for nid, users in pi.occupied.items()}
+            for i, (nid, s) in enumerate(b.labels):
+                G, users = nodes[nid]
+                kept = sum(g for j, g in users if cur[j] >= 0 and sel.get(j) == cur[j])
+                v[b.start + i] = (G - kept) // s
+        elif b.name.endswith("_slack"):
+            need = p.deadline_need if b.name == "deadline_slack" else p.guard_need
+            jobs = np.flatnonzero(need > 0)
+            jobs = jobs[np.isin(jobs, p.job_of)]
+            got = np.array([p.throughput[sel[j]] if j in sel else 0.0 for j in jobs])
+            v[b.col(np.arange(len(jobs)))] = np.maximum(0.0, need[jobs] - got)
+    return v
+
+
 def model_constant(p: ClusterProblem) -> float:
     """What the model's objective leaves out: add to its objective to get `ClusterProblem.objective`."""
     return -float(sum(p.preempt_penalty[j] for j in range(p.num_jobs) if p.running[j]))

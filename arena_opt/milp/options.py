@@ -89,6 +89,9 @@ class ArenaOptions(SolverOptions):
     mip_gap: NonNegativeFloat = Field(0.01, description="relative gap; 1e-2 is 5-7x faster than 1e-3 "
                                                         "at 1,000 jobs for 0.6% objective (shared/MEASURED.md)")
     threads: PositiveInt = Field(1, description="HiGHS threads; fixed per process after the first solve")
+    pyomo_max_grids: PositiveInt | None = Field(
+        20_000, description="models with more grids go to HiGHS as arrays even with backend pyomo: Pyomo's "
+                            "hand-off grows to seconds at 60,000 binaries and past a 10 s limit at 170,000")
     shards: PositiveInt = Field(1, description="split level 1 into this many independent job/node shards")
     backend: Literal["pyomo", "highspy"] = Field(
         "pyomo", description="pyomo: the model is built and solved through Pyomo; highspy: the same rows go to "

@@ -13,13 +13,14 @@ import contextlib
 import gc
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from arena_opt.milp.linear import LinearModel, pyomo_values, to_highs, to_pyomo
-from arena_opt.milp.model import level1_model, model_constant, selection_from
+from arena_opt.milp.model import level1_model, model_constant, selection_from, start_vector
 from arena_opt.milp.problem import ClusterProblem
 
 _THREADS: int | None = None  # HiGHS fixes its thread pool per process at the first solve
@@ -52,9 +53,11 @@ _HIGHS_STATUS = {"Optimal": "optimal", "Time limit reached": "time_limit", "Infe
 
 
 def solve_problem(p: ClusterProblem, *, time_limit_s: float, mip_gap: float, threads: int,
-                  backend: str = "pyomo", start: dict[int, int] | None = None) -> SolveResult:
+                  backend: str = "pyomo", start: dict[int, int] | None = None,
+                  deadline: float | None = None) -> SolveResult:
     """`start`: a feasible selection (job -> grid) handed to HiGHS as its first incumbent (highspy
-    backend only): the search then prunes against it from the root."""
+    backend only): the search then prunes against it from the root. `deadline`: a time.perf_counter()
+    value the solve must end by, model build and hand-off included (HiGHS gets what is left of it)."""
     if not p.grids:
         return SolveResult({}, "empty", p.objective({}), p.objective({}), 0.0, 0.0, 0.0)
     t0 = time.perf_counter()
@@ -64,10 +67,9 @@ def solve_problem(p: ClusterProblem, *, time_limit_s: float, mip_gap: float, thr
     start_x = None
     if start is not None:
         # only the grid binaries are given; HiGHS completes the integer and slack columns itself
-        start_x = np.zeros(len(p.grids))
-        start_x[list(start.values())] = 1.0
+        start_x = start_vector(lm, p, start)
     res = solve_linear(lm, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, backend=backend,
-                       start=start_x)
+                       start=start_x, deadline=deadline)
     const = model_constant(p)
     sel = obj = bound = gap = None
     if res.x is not None:
@@ -91,10 +93,10 @@ class LinearResult:
 
 
 def solve_linear(lm: LinearModel, *, time_limit_s: float, mip_gap: float, threads: int, backend: str = "highspy",
-                 start: np.ndarray | None = None) -> LinearResult:
+                 start: np.ndarray | None = None, deadline: float | None = None) -> LinearResult:
     """Solve a LinearModel with HiGHS, through Pyomo or as highspy arrays: the one solve path of the
     level-1 MILP and of the baselines' 0/1 programs. `start`: values of the first len(start) columns
-    as a first incumbent (highspy only)."""
+    as a first incumbent (highspy only). `deadline`: see `solve_problem`."""
     if backend not in ("pyomo", "highspy"):
         raise ValueError(f"backend must be pyomo or highspy, not {backend!r}")
     threads = solver_threads(threads)
@@ -105,7 +107,7 @@ def solve_linear(lm: LinearModel, *, time_limit_s: float, mip_gap: float, thread
 
             m = to_pyomo(lm)
             t1 = time.perf_counter()
-            res = Highs().solve(m, time_limit=time_limit_s, rel_gap=mip_gap, threads=threads, tee=False,
+            res = Highs().solve(m, time_limit=_left(time_limit_s, deadline), rel_gap=mip_gap, threads=threads, tee=False,
                                 load_solutions=False, raise_exception_on_nonoptimal_result=False)
             status = _PYOMO_STATUS.get(res.termination_condition.name, res.termination_condition.name)
             x = obj = None
@@ -116,13 +118,22 @@ def solve_linear(lm: LinearModel, *, time_limit_s: float, mip_gap: float, thread
         else:
             lp = to_highs(lm)
             t1 = time.perf_counter()
-            word, info, x = run_highs(lp, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, start=start)
+            word, info, x = run_highs(lp, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, start=start,
+                                      deadline=deadline)
             status = _HIGHS_STATUS.get(word, word)
             obj = float(info.objective_function_value) if x is not None else None
-            bound = info.mip_dual_bound
+            bound = info.mip_dual_bound if info is not None else None
         t2 = time.perf_counter()
     bound = float(bound) if bound is not None and math.isfinite(bound) else None
     return LinearResult(status, x, obj, bound, t1 - t0, t2 - t1)
+
+
+def _left(time_limit_s: float, deadline: float | None) -> float:
+    """HiGHS's time limit: the solve's own limit, cut to what is left before the call's deadline
+    (at least 10 ms: HiGHS then stops at once with its start or nothing)."""
+    if deadline is None:
+        return float(time_limit_s)
+    return max(0.01, min(float(time_limit_s), deadline - time.perf_counter()))
 
 
 @contextlib.contextmanager
@@ -166,14 +177,13 @@ def _highs():
 
 
 def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: np.ndarray | None = None,
-              options: dict | None = None):
+              options: dict | None = None, deadline: float | None = None):
     """Solve a highspy HighsLp on the process's one HiGHS instance (the arena MILP and the baselines'
     0/1 programs alike). `start`: values of the first len(start) columns as an initial incumbent;
     `options`: further HiGHS options for this solve only (restored afterwards: the instance is shared).
     Returns (HiGHS's status word, its info, the column values or None without a feasible point)."""
     h = _highs()
     h.clearModel()
-    h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     h.setOptionValue("threads", int(solver_threads(threads)))
     saved = {k: h.getOptionValue(k)[1] for k in options or {}}  # (status, value)
@@ -183,14 +193,42 @@ def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: n
         h.passModel(lp)
         if start is not None:
             h.setSolution(len(start), np.arange(len(start), dtype=np.int32), np.asarray(start, dtype=float))
-        h.run()
+        h.setOptionValue("time_limit", _left(time_limit_s, deadline))  # after the hand-off, which the deadline counts
+        done = _run_until(h, deadline)
     finally:
-        for k, v in saved.items():
-            h.setOptionValue(k, v)
+        if _HIGHS is h:  # not on an abandoned instance that is still running
+            for k, v in saved.items():
+                h.setOptionValue(k, v)
+    if not done:
+        return "Time limit reached", None, None
     word = h.modelStatusToString(h.getModelStatus())
     info = h.getInfo()
     has = info.primal_solution_status >= 2  # feasible point available
     return word, info, (np.asarray(h.getSolution().col_value) if has else None)
+
+
+_GRACE_S = 0.05  # past the deadline before a run is abandoned: HiGHS's own limit stops most runs first
+
+
+def _run_until(h, deadline: float | None) -> bool:
+    """h.run(), abandoned at the deadline. HiGHS checks its time limit (and cancelSolve) only at points
+    its MIP setup does not reach for a long time at 170,000 binaries (190 s past an 8 s limit measured,
+    0 LP iterations): so with a deadline the run goes to a thread (highspy releases the GIL) and, if it
+    is still going at the deadline, it is left to finish on its own while this process's next solve gets
+    a new instance. False: abandoned, no result."""
+    global _HIGHS
+    if deadline is None:
+        h.run()
+        return True
+    worker = threading.Thread(target=h.run, name="highs-run", daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.perf_counter()) + _GRACE_S)
+    if not worker.is_alive():
+        return True
+    with contextlib.suppress(Exception):
+        h.cancelSolve()
+    _HIGHS = None  # the abandoned instance is still busy
+    return False
 
 
 class shared_highs:
