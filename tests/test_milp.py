@@ -376,3 +376,29 @@ def test_deadline_already_passed_returns_the_start():
                       deadline=time.perf_counter() - 1)
     assert r.selection is not None and p.feasible(r.selection)
     assert r.objective >= p.objective(start) - 1e-9
+
+
+def test_a_run_past_the_deadline_is_abandoned(monkeypatch):
+    """A HiGHS run that ignores its time limit is left behind at the deadline, and the next solve gets a
+    new instance (the abandoned one is still busy)."""
+    import threading
+    import time
+
+    import arena_opt.milp.solve as solve_mod
+
+    release = threading.Event()
+
+    class Stuck:
+        def run(self):
+            release.wait(5)
+
+        def cancelSolve(self):
+            pass
+
+    stuck = Stuck()
+    monkeypatch.setattr(solve_mod, "_HIGHS", stuck)
+    t0 = time.perf_counter()
+    assert solve_mod._run_until(stuck, t0 + 0.05) is False
+    assert time.perf_counter() - t0 < 1.0 and solve_mod._HIGHS is None
+    release.set()
+    assert solve_mod._run_until(stuck, time.perf_counter() + 1) is True
