@@ -7,8 +7,11 @@ import argparse
 import importlib
 import json
 import sys
+import time
+import traceback
 from pathlib import Path
 
+from arena_opt.argtypes import Parser, fraction, nonneg_int, positive_int, seed
 from arena_opt.errors import InputError, Interrupted
 
 PRESETS = {
@@ -19,21 +22,6 @@ PRESETS = {
 }
 # subcommands other modules contribute: module with register(subparsers)
 PLUGINS = ["arena_opt.sim.cli", "arena_opt.profiling.cli", "runners.cli", "runners.slurm_cli"]
-
-
-def _parse_cluster(text: str) -> dict[str, tuple[int, int]]:
-    """'a100:8x4,a40:4x2' -> {'a100': (8, 4), 'a40': (4, 2)}"""
-    out = {}
-    for part in text.split(","):
-        try:
-            t, shape = part.split(":")
-            n, g = shape.lower().split("x")
-            out[t.strip()] = (int(n), int(g))
-        except ValueError:
-            raise InputError(f"--cluster: cannot read {part!r}; expected TYPE:NODESxGPUS, e.g. a100:8x4") from None
-        if out[t.strip()][0] <= 0 or out[t.strip()][1] <= 0:
-            raise InputError(f"--cluster: {part!r}: node count and GPUs per node must be positive")
-    return out
 
 
 def _estimator(args):
@@ -62,27 +50,33 @@ def _save_plans(est) -> None:
 
 def cmd_solve(args) -> int:
     from arena_opt.feasibility import check_decision
-    from arena_opt.io import load_model, write_model
-    from arena_opt.policies import make_policy
+    from arena_opt.io import check_output_file, load_model, write_model
+    from arena_opt.policies import check_name, make_policy
     from arena_opt.policies.flags import given_options, options_for
     from arena_opt.report import print_decision
     from arena_opt.snapshot import ClusterSnapshot
 
-    snap = load_model(args.snapshot, ClusterSnapshot)
+    t0 = time.perf_counter()
+    check_name(args.policy, "--policy: ")
+    if args.output:
+        check_output_file(args.output, "-o")
     options = options_for(args.policy, given_options(args))
+    snap = load_model(args.snapshot, ClusterSnapshot)
     est = _estimator(args)
     policy = make_policy(args.policy, options, estimator=est)
     decision = policy.decide(snap)
     _save_plans(est)
     check_decision(snap, decision)
+    # the whole call (reading, planning, deciding, checking), not only the policy's own part
+    decision.stats.total_s = time.perf_counter() - t0
     if args.output:
         write_model(decision, args.output)
     if args.json:
         print(decision.model_dump_json(indent=1))
-    else:
-        print_decision(snap, decision)
-        if args.output:
-            print(f"decision written to {args.output}")
+    elif not args.quiet:
+        print_decision(snap, decision, rows=args.rows)
+    if args.output and not args.json:
+        print(f"decision written to {args.output}")
     return 0
 
 
@@ -140,11 +134,14 @@ def cmd_schema(args) -> int:
 
 def cmd_gen_instance(args) -> int:
     from arena_opt.instances import generate_snapshot
-    from arena_opt.io import write_model
+    from arena_opt.io import check_output_file, write_model
 
+    check_output_file(args.output, "-o")
     spec, jobs = PRESETS[args.preset] if args.preset else ({}, 0)
     if args.cluster:
-        spec = _parse_cluster(args.cluster)
+        from arena_opt.cluster import parse_inline
+
+        spec = {t: (g.nodes, g.gpus_per_node) for t, g in parse_inline(args.cluster).items()}
     if not spec:
         raise InputError("gen-instance: give --preset or --cluster")
     jobs = args.jobs if args.jobs is not None else (jobs or 20)
@@ -167,7 +164,7 @@ def cmd_models(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from arena_opt.policies.flags import add_policy_args
 
-    ap = argparse.ArgumentParser(prog="arena-opt", description=__doc__.splitlines()[0])
+    ap = Parser(prog="arena-opt", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("solve", help="decide one round on a cluster snapshot")
@@ -177,15 +174,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--perf-table", help="measured table (prof_records.csv layout)")
     s.add_argument("--table-mode", default="override", choices=["override", "strict", "off"])
     s.add_argument("--json", action="store_true", help="print the decision as JSON instead of a table")
+    s.add_argument("--quiet", action="store_true", help="no table (with -o: only the line naming the file)")
+    s.add_argument("--rows", type=nonneg_int, default=40,
+                   help="table rows shown before the rest is summarised (default 40; 0 = all)")
     add_policy_args(s)
     s.set_defaults(func=cmd_solve)
 
     p = sub.add_parser("plan", help="grids, proxy plans and Pareto plans of one job")
     p.add_argument("--model", required=True)
-    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--batch", type=positive_int, required=True)
     p.add_argument("--gpu", required=True)
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--gpus-per-node", type=int)
+    p.add_argument("--gpus", type=positive_int, required=True)
+    p.add_argument("--gpus-per-node", type=positive_int)
     p.add_argument("--perf-table")
     p.set_defaults(func=cmd_plan)
 
@@ -201,9 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-o", "--output", required=True)
     g.add_argument("--preset", choices=list(PRESETS))
     g.add_argument("--cluster", help="TYPE:NODESxGPUS,... e.g. a100:8x4,a40:4x2")
-    g.add_argument("--jobs", type=int)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--running-fraction", type=float, default=0.5)
+    g.add_argument("--jobs", type=positive_int)
+    g.add_argument("--seed", type=seed, default=0)
+    g.add_argument("--running-fraction", type=fraction, default=0.5)
     g.set_defaults(func=cmd_gen_instance)
 
     m = sub.add_parser("models", help="list the workload catalog")
@@ -221,14 +221,35 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_BUG = 0, 1, 2, 3
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
+def _add_debug(ap: argparse.ArgumentParser) -> None:
+    """`--debug` before or after the subcommand: a traceback for every error, not only for bugs."""
+    ap.add_argument("--debug", action="store_true", help="show the traceback of any error")
+    for action in ap._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in action.choices.values():
+                p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                               help="show the traceback of any error")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Exit codes: 0 done, 1 the command failed, 2 bad input, 130 / 143 stopped by SIGINT / SIGTERM
-    (finished results kept, no result file written half-way)."""
-    args = build_parser().parse_args(argv)
+    """Exit codes: 0 done; 1 the work ran and failed (a simulation error, a policy that failed in a
+    bench); 2 a user mistake (bad flag, file, field, value or output path; nothing was written);
+    3 a bug in arena-opt (with its traceback); 130 / 143 stopped by SIGINT / SIGTERM (finished results
+    kept, no result file written half-way)."""
+    ap = build_parser()
+    _add_debug(ap)
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a bad flag (2, message printed)
+        return int(e.code or 0)
+    debug = getattr(args, "debug", False)
     import signal
 
     # SIGTERM as SIGINT: both unwind through the commands' cleanup (a bench stops its workers)
@@ -236,14 +257,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except InputError as e:
+        if debug:
+            traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT
     except KeyboardInterrupt as e:
+        if debug:
+            traceback.print_exc()
         code = e.exit_code if isinstance(e, Interrupted) else 130
         name = str(e) if isinstance(e, Interrupted) else "SIGINT"
         print(f"interrupted by {name}: stopped; result files already written are complete, none was "
               f"written half-way (exit {code})", file=sys.stderr)
         return code
+    except Exception as e:  # noqa: BLE001 - the one place a bug becomes a report instead of a crash
+        traceback.print_exc()
+        print(f"error: internal error in arena-opt ({type(e).__name__}: {e}); this is a bug in arena-opt, not in "
+              f"your input: please report it with the traceback above", file=sys.stderr)
+        return EXIT_BUG
     finally:
         signal.signal(signal.SIGTERM, old)
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Literal
@@ -20,22 +19,23 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from arena_opt.errors import InputError
 from arena_opt.gpus import GpuSpec, canonical_gpu
-from arena_opt.snapshot import ClusterSnapshot, Node
+from arena_opt.io import load_json
+from arena_opt.snapshot import MAX_GPUS_PER_NODE, MAX_NODES, ClusterSnapshot, Node
 
 _INLINE = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*:\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
 class NodeGroup(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    nodes: PositiveInt
-    gpus_per_node: PositiveInt
+    nodes: PositiveInt = Field(le=MAX_NODES)
+    gpus_per_node: PositiveInt = Field(le=MAX_GPUS_PER_NODE)
     intra_link: Literal["nvlink", "pcie"] | None = None
     nodes_per_rack: PositiveInt | None = None
 
 
 class CompactSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str | None = None
     description: str | None = None
@@ -44,14 +44,14 @@ class CompactSpec(BaseModel):
 
 
 class _ArenaType(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     node_num: PositiveInt
     gpus_per_node: PositiveInt
 
 
 class ArenaSpec(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     gpu_types: dict[str, _ArenaType] = Field(min_length=1)
 
@@ -76,10 +76,7 @@ def load_cluster(spec: str | Path) -> ClusterSnapshot:
     path = Path(text)
     if not path.is_file():
         raise InputError(f"{path}: cluster spec not found (give a JSON file or TYPE:NODESxGPUS,...)")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    data = load_json(path, "cluster spec")
     if isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict):
         data = data[0]
     if not isinstance(data, dict):
@@ -113,16 +110,31 @@ def _validated(path: Path, snap: ClusterSnapshot) -> ClusterSnapshot:
     return snap
 
 
-def _inline(text: str) -> ClusterSnapshot:
+def parse_inline(text: str, flag: str = "--cluster") -> dict[str, NodeGroup]:
+    """`TYPE:NODESxGPUS[,...]` -> node groups by canonical GPU type; a type given twice is an error
+    (keeping the last one would silently drop nodes)."""
     groups: dict[str, NodeGroup] = {}
     for part in text.split(","):
         m = _INLINE.match(part)
         if not m:
-            raise InputError(f"--cluster: cannot read {part.strip()!r}; expected TYPE:NODESxGPUS, e.g. a100:4x8")
-        t, n, g = m.group(1), int(m.group(2)), int(m.group(3))
+            raise InputError(f"{flag}: cannot read {part.strip()!r}; expected TYPE:NODESxGPUS, e.g. a100:4x8")
+        t, n, g = canonical_gpu(m.group(1)), int(m.group(2)), int(m.group(3))
         if n < 1 or g < 1:
-            raise InputError(f"--cluster: {part.strip()!r} needs at least one node and one GPU per node")
-        groups[t] = NodeGroup(nodes=n, gpus_per_node=g)
+            raise InputError(f"{flag}: {part.strip()!r} needs at least one node and one GPU per node")
+        if t in groups:
+            raise InputError(f"{flag}: GPU type {t!r} is given twice ({part.strip()!r}); give each type once, "
+                             f"nodes of one type share one shape")
+        try:
+            groups[t] = NodeGroup(nodes=n, gpus_per_node=g)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise InputError(f"{flag}: {part.strip()!r}: {err['loc'][0]} {err['msg']} (value {err['input']})") \
+                from None
+    return groups
+
+
+def _inline(text: str) -> ClusterSnapshot:
+    groups = parse_inline(text)
     try:
         return ClusterSnapshot(nodes=build_nodes(groups))
     except ValidationError as e:

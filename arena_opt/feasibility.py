@@ -32,10 +32,12 @@ def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
         if job.allowed_gpu_types and d.gpu_type not in job.allowed_gpu_types:
             raise InfeasibleDecision(f"job {d.job_id!r} placed on disallowed type {d.gpu_type}")
         count = 0
+        held = {} if job.running is None else job.running.placement
         for nid, gpus in d.placement.items():
             node = nodes.get(nid)
             if node is None:
                 raise InfeasibleDecision(f"job {d.job_id!r} placed on unknown node {nid!r}")
+            _check_health(d.job_id, node, gpus, held.get(nid, []))
             if node.gpu_type != d.gpu_type:
                 raise InfeasibleDecision(f"job {d.job_id!r}: node {nid} is {node.gpu_type}, not {d.gpu_type}")
             for g in gpus:
@@ -48,7 +50,8 @@ def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
         if count != d.num_gpus or count != d.plan.num_gpus:
             raise InfeasibleDecision(f"job {d.job_id!r}: placement holds {count} GPUs, decision says "
                                      f"{d.num_gpus}, plan needs {d.plan.num_gpus}")
-        if len(d.placement) > 1 and any(len(g) != nodes[n].num_gpus for n, g in d.placement.items()):
+        if len(d.placement) > 1 and d.placement != held and \
+                any(len(g) != len(nodes[n].usable_gpus()) for n, g in d.placement.items()):
             raise InfeasibleDecision(f"job {d.job_id!r} spans nodes without taking them whole")
         if d.plan.tp > 1 and any(len(g) % d.plan.tp for g in d.placement.values()):
             raise InfeasibleDecision(f"job {d.job_id!r}: tp={d.plan.tp} groups cross nodes")
@@ -58,3 +61,14 @@ def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
     missing = set(jobs) - seen
     if missing:
         raise InfeasibleDecision(f"no decision for jobs {sorted(missing)}")
+
+
+def _check_health(job_id: str, node, gpus: list[int], held: list[int]) -> None:
+    """New work only on usable GPUs; a job may keep the GPUs it holds on a drained node."""
+    if node.state == "down":
+        raise InfeasibleDecision(f"job {job_id!r} placed on node {node.id}, which is down")
+    bad = sorted(set(gpus) & set(node.unavailable_gpus))
+    if bad:
+        raise InfeasibleDecision(f"job {job_id!r} placed on unavailable GPU {node.id}:{bad[0]}")
+    if node.state == "drain" and not set(gpus) <= set(held):
+        raise InfeasibleDecision(f"job {job_id!r} given new GPUs on node {node.id}, which is draining")

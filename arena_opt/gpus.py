@@ -17,7 +17,7 @@ LinkKind = Literal["nvlink", "pcie", "infiniband", "ethernet"]
 
 
 class GpuSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     peak_tflops: PositiveFloat = Field(description="dense fp16/bf16 tensor TFLOP/s")

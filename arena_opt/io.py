@@ -25,25 +25,56 @@ def format_validation_error(path: str | Path, e: ValidationError, limit: int = 5
         shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
         if len(shown) > 80:
             shown = shown[:77] + "..."
-        lines.append(f"{path}: field {loc}: {err['msg']} (value {shown})")
+        msg = err["msg"].removeprefix("Value error, ")
+        if not err["loc"] and err["type"] == "value_error":
+            lines.append(f"{path}: {msg}")  # a whole-model check: its message names the field and value
+        else:
+            lines.append(f"{path}: field {loc}: {msg} (value {shown})")
     more = len(e.errors()) - limit
     if more > 0:
         lines.append(f"{path}: ... and {more} more errors")
     return "\n".join(lines)
 
 
-def load_model(path: str | Path, cls: type[M]) -> M:
+def read_text(path: str | Path, what: str = "file") -> str:
+    """The UTF-8 text of a user's file; a missing, unreadable, binary or mis-encoded file is an
+    InputError naming it (`what` says which input it is: "trace", "cluster spec", ...)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
+        raise InputError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, expected a {what}") from None
     except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+        raise InputError(f"{path}: cannot read {what} ({e.strerror})") from None
+    if b"\0" in raw[:65536]:
+        raise InputError(f"{path}: binary data (a NUL byte), expected a UTF-8 text {what}")
     try:
-        data = json.loads(text)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise InputError(f"{path}: line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                         f"save the {what} as UTF-8") from None
+
+
+def parse_json(text: str, where: str) -> object:
+    """JSON from `text`; malformed or absurdly nested JSON is an InputError at `where` (file[:line])."""
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise InputError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+        raise InputError(f"{where}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested too deeply to be a valid input") from None
+
+
+def load_json(path: str | Path, what: str = "file") -> object:
+    return parse_json(read_text(path, what), str(path))
+
+
+def load_model(path: str | Path, cls: type[M]) -> M:
+    path = Path(path)
+    data = load_json(path)
     try:
         return cls.model_validate(data)
     except ValidationError as e:
@@ -103,3 +134,38 @@ def _fsync_dir(d: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def check_output_file(path: str | Path, flag: str) -> Path:
+    """Fail now, before any work, if `path` cannot become the output file: a directory, a missing
+    parent directory (not created for a file: a mistyped path should not grow directories), or a
+    place this process may not write. Returns the path."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{flag} {path}: is a directory; give a file name")
+    parent = path.parent
+    if not parent.exists():
+        raise InputError(f"{flag} {path}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise InputError(f"{flag} {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {path}: directory {parent} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InputError(f"{flag} {path}: file exists and is not writable")
+    return path
+
+
+def check_output_dir(path: str | Path, flag: str) -> Path:
+    """Fail now, before any work, if `path` cannot be (or be created as) an output directory."""
+    path = Path(path)
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        what = "is a file" if probe == path else f"{probe} is a file"
+        raise InputError(f"{flag} {path}: {what}; give a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {path}: {probe} is not writable")
+    return path

@@ -10,7 +10,7 @@ class Plan(BaseModel):
     into dp shards and each shard into `num_microbatches` micro-batches run 1F1B.
     `stages[k] = [first, last)` are the layer indices of `models.layer_table` that stage k holds."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     pp: PositiveInt = 1
     dp: PositiveInt = 1

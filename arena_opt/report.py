@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import Console
 from rich.table import Table
 
@@ -24,19 +26,27 @@ def _console() -> Console:
     return c if c.is_terminal else Console(width=160)
 
 
-def print_decision(snap: ClusterSnapshot, d: Decision, console: Console | None = None) -> None:
+def print_decision(snap: ClusterSnapshot, d: Decision, console: Console | None = None, rows: int = 0) -> None:
+    """The decision as a table; with `rows` > 0 only the first `rows` jobs get a row and the rest one
+    summary line (a table of 100k rows takes minutes to lay out and nobody reads it)."""
     console = console or _console()
     jobs = {j.id: j for j in snap.jobs}
     t = Table(title=f"{d.policy} decision at t={d.time:.0f}s", show_lines=False)
     for col in ("job", "model", "action", "GPUs", "plan", "iter s", "samples/s", "GiB/GPU", "placement / reason"):
         t.add_column(col)
-    for jd in d.jobs:
+    shown = d.jobs if rows <= 0 else d.jobs[:rows]
+    for jd in shown:
         j = jobs[jd.job_id]
         gpus = f"{jd.num_gpus}x{jd.gpu_type}" if jd.runs else "-"
         plan = jd.plan.describe() if jd.plan and jd.runs else "-"
         t.add_row(jd.job_id, j.arch.name, jd.action, gpus, plan, _fmt(jd.est_iter_time_s), _fmt(jd.est_throughput),
                   _fmt(jd.est_mem_per_gpu_gib, ".1f"), _placement(jd.placement) if jd.runs else (jd.reason or ""))
     console.print(t)
+    rest = d.jobs[len(shown):]
+    if rest:
+        counts = Counter(jd.action for jd in rest)
+        console.print(f"... and {len(rest)} more jobs ({', '.join(f'{n} {a}' for a, n in counts.most_common())}); "
+                      f"--rows 0 shows all, --json or -o gives every field")
     s = d.stats
     used = sum(jd.num_gpus for jd in d.jobs if jd.runs)
     total = sum(n.num_gpus for n in snap.nodes)

@@ -10,18 +10,35 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativ
 from arena_opt.gpus import BUILTIN_GPUS, GpuSpec, canonical_gpu
 from arena_opt.plan import Plan
 from models.catalog import ARCHITECTURES, Arch, arena_model_name
+from models.layers import layer_table
 
 SCHEMA_VERSION = 1
 
+# Sane bounds at the edge (a value past one is a typo or a unit mistake, not a cluster or a job)
+MAX_GPUS_PER_NODE = 64
+MAX_NODES = 100_000
+MAX_BATCH_SIZE = 2**24  # samples per iteration
+MAX_ITERATIONS = 10**10
+MAX_TIME_S = 10**11  # about 3000 years: snapshot time, submit times, deadlines
+
+NodeState = Literal["available", "drain", "down"]
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Node(_Strict):
     id: str = Field(min_length=1)
     gpu_type: str
-    num_gpus: PositiveInt
+    num_gpus: PositiveInt = Field(le=MAX_GPUS_PER_NODE)
+    state: NodeState = Field(
+        "available", description="available: takes new work; drain: running jobs keep running until moved, "
+                                 "nothing new starts; down: offers nothing, jobs placed on it are lost (re-planned "
+                                 "as waiting). The Slurm adapter maps Slurm's node states onto this")
+    unavailable_gpus: list[NonNegativeInt] = Field(
+        default_factory=list, description="GPU indices (0..num_gpus-1) that are broken or held back: nothing "
+                                          "new is placed on them; a running job on one is lost")
     intra_link: Literal["nvlink", "pcie"] | None = Field(
         None, description="GPU-to-GPU link inside the node; None = NVLink when the GPU has it")
     rack: str | None = None
@@ -42,7 +59,23 @@ class Node(_Strict):
                 raise ValueError(f"gpu_ids lists {len(self.gpu_ids)} devices but num_gpus is {self.num_gpus}")
             if len(set(self.gpu_ids)) != len(self.gpu_ids):
                 raise ValueError(f"gpu_ids has a repeated device: {self.gpu_ids}")
+        bad = [g for g in self.unavailable_gpus if g >= self.num_gpus]
+        if bad:
+            raise ValueError(f"unavailable_gpus: GPU index {bad[0]} exceeds the node's {self.num_gpus} GPUs")
+        if len(set(self.unavailable_gpus)) != len(self.unavailable_gpus):
+            raise ValueError(f"unavailable_gpus has a repeated index: {self.unavailable_gpus}")
         return self
+
+    def usable_gpus(self) -> list[int]:
+        """GPU indices new work may be placed on: none on a drained or down node."""
+        if self.state != "available":
+            return []
+        off = set(self.unavailable_gpus)
+        return [g for g in range(self.num_gpus) if g not in off]
+
+    def lost(self, gpus: list[int]) -> bool:
+        """Whether a job holding `gpus` of this node has lost them (node down or a GPU unavailable)."""
+        return self.state == "down" or any(g in self.unavailable_gpus for g in gpus)
 
     def device(self, gpu: int) -> int:
         """Device index of GPU index `gpu`."""
@@ -70,17 +103,18 @@ class RunningState(_Strict):
 class Job(_Strict):
     id: str = Field(min_length=1)
     model: str | Arch = Field(description="catalog name (or Arena's model__size) or an inline architecture")
-    batch_size: PositiveInt = Field(description="global batch, samples per iteration")
-    total_iterations: PositiveInt
+    batch_size: PositiveInt = Field(le=MAX_BATCH_SIZE, description="global batch, samples per iteration")
+    total_iterations: PositiveInt = Field(le=MAX_ITERATIONS)
     remaining_iterations: NonNegativeFloat
-    submit_time: NonNegativeFloat = 0.0
-    deadline: PositiveFloat | None = Field(None, description="absolute time by which the job should finish")
+    submit_time: NonNegativeFloat = Field(0.0, le=MAX_TIME_S)
+    deadline: PositiveFloat | None = Field(None, le=MAX_TIME_S,
+                                           description="absolute time by which the job should finish")
     weight: PositiveFloat = 1.0
     allowed_gpu_types: list[str] | None = None
-    min_gpus: PositiveInt = 1
-    max_gpus: PositiveInt | None = None
+    min_gpus: PositiveInt = Field(1, le=MAX_GPUS_PER_NODE * MAX_NODES)
+    max_gpus: PositiveInt | None = Field(None, le=MAX_GPUS_PER_NODE * MAX_NODES)
     requested_gpu_type: str | None = None
-    requested_num_gpus: PositiveInt | None = None
+    requested_num_gpus: PositiveInt | None = Field(None, le=MAX_GPUS_PER_NODE * MAX_NODES)
     running: RunningState | None = None
     attained_service_s: NonNegativeFloat = Field(0.0, description="GPU-seconds received so far")
     waited_s: NonNegativeFloat | None = Field(
@@ -120,10 +154,10 @@ class Job(_Strict):
 
 class ClusterSnapshot(_Strict):
     version: Literal[1] = SCHEMA_VERSION
-    time: NonNegativeFloat = 0.0
+    time: NonNegativeFloat = Field(0.0, le=MAX_TIME_S)
     gpu_catalog: dict[str, GpuSpec] = Field(default_factory=dict,
                                             description="entries that add to or replace the built-in catalog")
-    nodes: list[Node]
+    nodes: list[Node] = Field(max_length=MAX_NODES)
     jobs: list[Job] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list,
                              description="what the snapshot's source left out and why (nodes down or drained, "
@@ -169,6 +203,7 @@ class ClusterSnapshot(_Strict):
             if r.plan.num_gpus != r.num_gpus:
                 raise ValueError(f"{where}.plan: pp*dp*tp = {r.plan.num_gpus} but the placement holds "
                                  f"{r.num_gpus} GPUs")
+            _check_plan(j, r, where)
         return self
 
     @property
@@ -177,6 +212,28 @@ class ClusterSnapshot(_Strict):
 
     def gpu_types(self) -> list[str]:
         return sorted({n.gpu_type for n in self.nodes})
+
+
+def _check_plan(j: Job, r: RunningState, where: str) -> None:
+    """A running job's plan must be one its model and batch can run: the stages hold exactly the model's
+    layers, the batch splits into dp replicas and each replica's share into whole micro-batches, and
+    every tensor-parallel group sits inside one node."""
+    p = r.plan
+    layers = layer_table(j.arch).num_layers
+    if p.pp > layers:
+        raise ValueError(f"{where}.plan: pp {p.pp} exceeds the {layers} layers of {j.arch.name}")
+    if p.stages and p.stages[-1][1] != layers:
+        raise ValueError(f"{where}.plan.stages: end at layer {p.stages[-1][1]} but {j.arch.name} has {layers} "
+                         f"layers (stages must cover layers 0..{layers - 1} exactly)")
+    if j.batch_size % p.dp:
+        raise ValueError(f"{where}.plan: dp {p.dp} does not divide batch_size {j.batch_size}")
+    if (j.batch_size // p.dp) % p.num_microbatches:
+        raise ValueError(f"{where}.plan.num_microbatches: {p.num_microbatches} does not divide the per-replica "
+                         f"batch {j.batch_size // p.dp} (batch_size {j.batch_size} / dp {p.dp})")
+    for nid, gpus in r.placement.items():
+        if len(gpus) % p.tp:
+            raise ValueError(f"{where}.placement: node {nid!r} holds {len(gpus)} GPUs, not a multiple of tp "
+                             f"{p.tp} (a tensor-parallel group must sit inside one node)")
 
 
 def _unique(ids: list[str], field: str, key: str) -> None:

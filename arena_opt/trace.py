@@ -25,15 +25,18 @@ the deadline budget 5x before simulating: `iter_scale=5, deadline_stretch=5` rep
 from __future__ import annotations
 
 import csv
+import io
 import json
+import math
 from pathlib import Path
 
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError,
                       field_validator, model_validator)
 
 from arena_opt.errors import InputError
+from arena_opt.io import atomic_write, parse_json, read_text
 from arena_opt.gpus import BUILTIN_GPUS, GpuSpec, canonical_gpu
-from arena_opt.snapshot import Job
+from arena_opt.snapshot import MAX_BATCH_SIZE, MAX_ITERATIONS, MAX_TIME_S, Job
 from models.catalog import ARCHITECTURES, arena_model_name
 from arena_opt.io import atomic_write
 
@@ -44,13 +47,13 @@ ARENA_COLUMNS = ("job_id", "submission_time", "num_iteration", "model_name", "de
 class TraceJob(BaseModel):
     """One job of a trace (the JSON Lines record)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     id: str = Field(min_length=1)
-    submit_time: NonNegativeFloat
+    submit_time: NonNegativeFloat = Field(le=MAX_TIME_S)
     model: str
-    batch_size: PositiveInt
-    iterations: PositiveInt
+    batch_size: PositiveInt = Field(le=MAX_BATCH_SIZE)
+    iterations: PositiveInt = Field(le=MAX_ITERATIONS)
     num_gpus: PositiveInt | None = None
     gpu_type: str | None = None
     deadline: PositiveFloat | None = None
@@ -137,42 +140,55 @@ def load_trace(path: str | Path, *, iter_scale: int = 1, deadline_stretch: float
 
 def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
     out = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, start=1):
-            s = line.strip()
-            if not s or s.startswith("#"):
-                continue
-            try:
-                rec = json.loads(s)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-            out.append((lineno, rec))
+    for lineno, line in enumerate(read_text(path, "trace").splitlines(), start=1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        rec = parse_json(s, f"{path}:{lineno}")
+        if not isinstance(rec, dict):
+            raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+        out.append((lineno, rec))
     return out
+
+
+def _csv_number(path: Path, lineno: int, col: str, text: str | None) -> int:
+    """A whole, finite number of an Arena CSV cell ('120' or '120.0'; not '2.7', 'inf' or '')."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise InputError(f"{path}:{lineno}: field {col}: not a number (value {text!r})") from None
+    if not math.isfinite(v):
+        raise InputError(f"{path}:{lineno}: field {col}: must be a finite number (value {text!r})")
+    if v != int(v):
+        raise InputError(f"{path}:{lineno}: field {col}: must be a whole number (value {text!r})")
+    return int(v)
 
 
 def _read_csv(path: Path) -> list[tuple[int, dict]]:
     out = []
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = set(ARENA_COLUMNS) - set(reader.fieldnames or [])
-        if missing:
-            raise InputError(f"{path}: missing columns {', '.join(sorted(missing))} (Arena trace format: "
-                             f"{', '.join(ARENA_COLUMNS)})")
-        for lineno, r in enumerate(reader, start=2):
-            ints = {}
-            for col in ("submission_time", "num_iteration", "deadline", "batch_size", "num_gpu"):
-                try:
-                    ints[col] = int(float(r[col]))
-                except (TypeError, ValueError):
-                    raise InputError(f"{path}:{lineno}: field {col}: not a number (value {r[col]!r})") from None
-            out.append((lineno, {
-                "id": r["job_id"], "submit_time": ints["submission_time"], "model": r["model_name"],
-                "batch_size": ints["batch_size"], "iterations": ints["num_iteration"],
-                "num_gpus": ints["num_gpu"], "gpu_type": r["gpu_type"],
-                "deadline": ints["deadline"],
-            }))
+    try:
+        rows = list(csv.reader(io.StringIO(read_text(path, "trace"), newline="")))
+    except csv.Error as e:
+        raise InputError(f"{path}: malformed CSV ({e})") from None
+    header = rows[0] if rows else []
+    missing = set(ARENA_COLUMNS) - set(header)
+    if missing:
+        raise InputError(f"{path}: missing columns {', '.join(sorted(missing))} (Arena trace format: "
+                         f"{', '.join(ARENA_COLUMNS)})")
+    for lineno, cells in enumerate(rows[1:], start=2):
+        if not cells:
+            continue
+        if len(cells) != len(header):
+            raise InputError(f"{path}:{lineno}: {len(cells)} cells, the header has {len(header)}")
+        r = dict(zip(header, cells))
+        ints = {col: _csv_number(path, lineno, col, r[col])
+                for col in ("submission_time", "num_iteration", "deadline", "batch_size", "num_gpu")}
+        out.append((lineno, {
+            "id": r["job_id"], "submit_time": ints["submission_time"], "model": r["model_name"],
+            "batch_size": ints["batch_size"], "iterations": ints["num_iteration"],
+            "num_gpus": ints["num_gpu"], "gpu_type": r["gpu_type"],
+            "deadline": ints["deadline"],
+        }))
     return out
 
 

@@ -19,7 +19,7 @@ class Arch(BaseModel):
     """One trainable model. Transformer fields are used by gpt/bert/moe/llama,
     the ResNet fields by wide_resnet."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     family: Family

@@ -15,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from arena_opt.argtypes import nonneg_float, nonneg_int, positive_float, positive_int
 from arena_opt.errors import InputError, Interrupted
 from arena_opt.policies.flags import add_policy_args
 from runners.spec import DEFAULT_CKPT_EVERY_S
@@ -33,26 +34,26 @@ def register(subparsers) -> None:
     r.add_argument("--policy", default="arena", help="policy name (default arena)")
     r.add_argument("--workdir", default="arena-runs", help="job run/checkpoint directories (shared by all nodes)")
     r.add_argument("--out", default="results/live", help="metrics, decisions and timeline of the live loop")
-    r.add_argument("--interval", type=float, default=15.0, help="scheduling interval, wall seconds (default 15)")
-    r.add_argument("--time-scale", type=float, default=100.0, help="trace seconds per wall second (default 100)")
-    r.add_argument("--iter-scale", type=int, default=10, help="divide trace iterations by this (default 10)")
-    r.add_argument("--batch-divisor", type=int, default=8, help="divide trace batch sizes by this (default 8)")
-    r.add_argument("--max-jobs", type=int, help="first N jobs of the trace")
-    r.add_argument("--duration", type=float, help="stop the live loop after this many wall seconds")
+    r.add_argument("--interval", type=positive_float, default=15.0, help="scheduling interval, wall seconds (default 15)")
+    r.add_argument("--time-scale", type=positive_float, default=100.0, help="trace seconds per wall second (default 100)")
+    r.add_argument("--iter-scale", type=positive_int, default=10, help="divide trace iterations by this (default 10)")
+    r.add_argument("--batch-divisor", type=positive_int, default=8, help="divide trace batch sizes by this (default 8)")
+    r.add_argument("--max-jobs", type=positive_int, help="first N jobs of the trace")
+    r.add_argument("--duration", type=positive_float, help="stop the live loop after this many wall seconds")
     r.add_argument("--model-size", choices=["full", "scaled"],
                    help="catalog-size or scaled-down models (default: full for dry-run and on CUDA hosts, "
                         "scaled on CPU)")
-    r.add_argument("--ckpt-every-s", type=float, default=DEFAULT_CKPT_EVERY_S,
+    r.add_argument("--ckpt-every-s", type=nonneg_float, default=DEFAULT_CKPT_EVERY_S,
                    help=f"wall seconds between checkpoints (default {DEFAULT_CKPT_EVERY_S:g}: saving then costs a few "
                         "percent of training time, measured by bench/runners.py; 0 = off)")
-    r.add_argument("--ckpt-interval", type=int, default=0, help="also checkpoint every N steps (default 0 = off)")
-    r.add_argument("--keep-checkpoints", type=int, default=2, help="committed checkpoints kept per job (default 2)")
-    r.add_argument("--max-restarts", type=int, default=1,
+    r.add_argument("--ckpt-interval", type=nonneg_int, default=0, help="also checkpoint every N steps (default 0 = off)")
+    r.add_argument("--keep-checkpoints", type=positive_int, default=2, help="committed checkpoints kept per job (default 2)")
+    r.add_argument("--max-restarts", type=nonneg_int, default=1,
                    help="in-place restarts torchrun makes after a worker fails, before the scheduler relaunches "
                         "(default 1)")
-    r.add_argument("--max-failures", type=int, default=3,
+    r.add_argument("--max-failures", type=positive_int, default=3,
                    help="crashed launches in a row without progress before a job is marked failed (default 3)")
-    r.add_argument("--retry-backoff", type=float, default=10.0,
+    r.add_argument("--retry-backoff", type=nonneg_float, default=10.0,
                    help="seconds before the second relaunch of a crashed job, doubling after each (default 10)")
     r.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     r.add_argument("--remove-node", action="append", default=[], metavar="NODE@SECONDS",
@@ -60,7 +61,7 @@ def register(subparsers) -> None:
     r.add_argument("--gpu-map", help="slurm: GRES type -> catalog GPU name JSON (see `arena-opt slurm snapshot -h`)")
     r.add_argument("--partition", help="slurm: only the nodes of this partition")
     r.add_argument("--node-addr", help="dry-run: NODE=HOST,... rendezvous host of each node (default: the node id)")
-    r.add_argument("--restart-s", type=float, default=20.0,
+    r.add_argument("--restart-s", type=nonneg_float, default=20.0,
                    help="live: seconds a (re)start costs, for the policy's penalty (default 20, measured on "
                         "2 CPU cores by bench/runners.py)")
     add_policy_args(r)

@@ -24,7 +24,7 @@ DEFAULT_CKPT_EVERY_S = 30.0
 class Scale(BaseModel):
     """Arguments of `models.torch_layers.scaled_arch`; absent = the catalog size."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     max_hidden: PositiveInt = 64
     max_layers: PositiveInt = 4
@@ -37,7 +37,7 @@ class Scale(BaseModel):
 
 
 class TrainSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     job_id: str = Field(min_length=1)
     model: str | Arch

@@ -16,7 +16,7 @@ from arena_opt.reconfig import PRESETS, ReconfigModel
 class PolicyOptions(BaseModel):
     """What every policy is configured with. Frozen: a policy is configured by its constructor only."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     reconfig: ReconfigModel = Field(
         default_factory=lambda: PRESETS["checkpoint"].model_copy(),

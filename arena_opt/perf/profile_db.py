@@ -49,6 +49,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativ
                       ValidationError, model_validator)
 
 from arena_opt.errors import InputError
+from arena_opt.io import load_json
 from arena_opt.perf.comm import COLLECTIVES, AlphaBeta, Collective
 from models.catalog import Arch
 from arena_opt.io import atomic_write
@@ -58,7 +59,7 @@ VERSION = 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class LayerSample(_Strict):
@@ -209,12 +210,7 @@ class ProfileDB(_Strict):
 
 def load(path: str | Path) -> ProfileDB:
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as e:
-        raise InputError(f"{path}: cannot read profile database: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: not a JSON profile database: {e}") from None
+    raw = load_json(path, "profile database")
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         raise InputError(f"{path}: field format: expected {FORMAT!r} (value {got!r})")

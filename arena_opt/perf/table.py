@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, Validati
 
 from arena_opt.errors import InputError
 from arena_opt.gpus import canonical_gpu
+from arena_opt.io import read_text
 from models.catalog import arena_model_name
 
 ENV_TABLE = "ARENA_OPT_PERF_TABLE"
@@ -18,7 +20,7 @@ ENV_DATA = "ARENA_OPT_DATA"  # folder holding Arena's artifact data (prof_record
 
 
 class TableRow(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     flavour: str
     model: str
@@ -65,7 +67,8 @@ class PerfTable:
         if not path.is_file():
             raise InputError(f"{path}: performance table not found")
         times: dict[Key, float | None] = {}
-        with path.open(newline="") as f:
+        text = read_text(path, "performance table")
+        with io.StringIO(text, newline="") as f:
             reader = csv.DictReader(f)
             need = {"flavour", "model", "param_size", "batch_size", "gpu_type", "num_nodes", "gpus_per_node",
                     "iter_time_s", "status"}

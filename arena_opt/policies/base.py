@@ -9,6 +9,7 @@ from typing import ClassVar
 from arena_opt.contention import Contention
 from arena_opt.decision import Decision, JobDecision, SolverStats
 from arena_opt.grids import Grid
+from arena_opt.health import health_view
 from arena_opt.linkloads import CommShares, LinkLoads
 from arena_opt.milp.options import PolicyOptions
 from arena_opt.occupancy import rack_map
@@ -30,8 +31,16 @@ class Policy(ABC):
         self.estimator = estimator or PerfEstimator()
         self._options_json = self.options.model_dump(mode="json")  # what every Decision records
 
+    def decide(self, snapshot: ClusterSnapshot) -> Decision:
+        """The decision for `snapshot`, node and GPU health applied (arena_opt/health.py): the policy's own
+        `decide_usable` sees only usable nodes and GPUs and running jobs that may stay where they are."""
+        view = health_view(snapshot)
+        if view is None:
+            return self.decide_usable(snapshot)
+        return view.restore(snapshot, self.decide_usable(view.snapshot))
+
     @abstractmethod
-    def decide(self, snapshot: ClusterSnapshot) -> Decision: ...
+    def decide_usable(self, snapshot: ClusterSnapshot) -> Decision: ...
 
 
 class GridPolicy(Policy):
@@ -42,7 +51,7 @@ class GridPolicy(Policy):
         super().__init__(options, estimator)
         self._comm_shares: CommShares | None = None  # plans' link shares, kept across rounds
 
-    def decide(self, snapshot: ClusterSnapshot) -> Decision:
+    def decide_usable(self, snapshot: ClusterSnapshot) -> Decision:
         t0 = time.perf_counter()
         chosen, reasons, stats = self.choose(snapshot)
         contention = self.contention(snapshot)

@@ -38,7 +38,7 @@ class PackedPolicy(GridPolicy):
     def pools(self) -> dict[tuple, Pool]:
         return self.catalog.cluster(self._snapshot).pool_map
 
-    def decide(self, snapshot: ClusterSnapshot) -> Decision:
+    def decide_usable(self, snapshot: ClusterSnapshot) -> Decision:
         t0 = time.perf_counter()
         self._snapshot = snapshot
         chosen, placements, reasons, stats = self.plan(snapshot)

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from arena_opt.argtypes import nonneg_float, nonneg_int, positive_float, positive_int
 from arena_opt.errors import InputError
 from arena_opt.policies import options_model
 
@@ -25,12 +26,12 @@ FLAGS = {
 
 def add_policy_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("policy options (default: each policy's own; see arena_opt/policies/options.py)")
-    g.add_argument("--time-limit", type=float, help="solver time limit per round, s (arena, gavel: 10; sia: 5)")
-    g.add_argument("--gap", type=float, help="relative MIP gap (arena: 0.01; gavel: 1e-4; sia: 0.01)")
-    g.add_argument("--shards", type=int, help="arena: split level 1 into N shards (default 1)")
-    g.add_argument("--threads", type=int, help="arena: HiGHS threads (default 1)")
-    g.add_argument("--max-reconfigs", type=int, help="arena: cap on running jobs changed per round")
-    g.add_argument("--uplink-oversubscription", type=float,
+    g.add_argument("--time-limit", type=positive_float, help="solver time limit per round, s (arena, gavel: 10; sia: 5)")
+    g.add_argument("--gap", type=nonneg_float, help="relative MIP gap (arena: 0.01; gavel: 1e-4; sia: 0.01)")
+    g.add_argument("--shards", type=positive_int, help="arena: split level 1 into N shards (default 1)")
+    g.add_argument("--threads", type=positive_int, help="arena: HiGHS threads (default 1)")
+    g.add_argument("--max-reconfigs", type=nonneg_int, help="arena: cap on running jobs changed per round")
+    g.add_argument("--uplink-oversubscription", type=positive_float,
                    help="rack nodes' network bandwidth over the rack uplink's (default 1, non-blocking); above 1 "
                         "placement keeps cross-rack jobs off shared uplinks and decisions predict their slowdown")
     g.add_argument("--no-colocation", action="store_true",

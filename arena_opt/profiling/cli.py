@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 
+from arena_opt.argtypes import nonneg_int, positive_int
 from arena_opt.errors import InputError
 
 
@@ -32,13 +33,13 @@ def register(subparsers) -> None:
     p.add_argument("--full-size", action="store_true",
                    help="profile the catalog size (default on cuda); on cpu the default is the scaled-down "
                         "model the runners train (--max-hidden etc.)")
-    p.add_argument("--max-hidden", type=int, default=64)
-    p.add_argument("--max-layers", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=32)
-    p.add_argument("--max-vocab", type=int, default=512)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads on cpu (default 1, as the runners' "
+    p.add_argument("--max-hidden", type=positive_int, default=64)
+    p.add_argument("--max-layers", type=positive_int, default=4)
+    p.add_argument("--seq-len", type=positive_int, default=32)
+    p.add_argument("--max-vocab", type=positive_int, default=512)
+    p.add_argument("--warmup", type=nonneg_int, default=2)
+    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--threads", type=positive_int, default=1, help="intra-op threads on cpu (default 1, as the runners' "
                                                           "one-process-per-rank CPU runs)")
     p.add_argument("--comm", action="store_true", help="also benchmark collectives and fit alpha-beta")
     p.add_argument("--comm-only", action="store_true", help="only benchmark collectives")

@@ -6,7 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from arena_opt.argtypes import bounded, positive_float, positive_int, seed
 from arena_opt.errors import InputError
+from arena_opt.io import check_output_dir, check_output_file
 from arena_opt.policies.flags import add_policy_args, check_known, given_options, options_for
 
 
@@ -20,24 +22,24 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--table-mode", default="strict", choices=["strict", "override"],
                    help="strict: grids missing from the table are infeasible (Arena's simulator); "
                         "override: the model fills them in")
-    p.add_argument("--rounds", type=int, help="stop after N scheduling intervals (default: until all jobs finish)")
-    p.add_argument("--interval", type=float, default=300.0, help="scheduling interval, s (default 300)")
+    p.add_argument("--rounds", type=positive_int, help="stop after N scheduling intervals (default: until all jobs finish)")
+    p.add_argument("--interval", type=positive_float, default=300.0, help="scheduling interval, s (default 300)")
     p.add_argument("--reconfig", default="checkpoint",
                    choices=["checkpoint", "arena-artifact", "baseline-artifact", "artifact"],
                    help="restart cost model; artifact = Arena's constants (10 s/GPU cap 40 s for arena and "
                         "arena-greedy, 150 s/GPU cap 600 s for the baselines)")
-    p.add_argument("--iter-scale", type=int, default=1, help="divide iteration counts by this (Arena: 5)")
-    p.add_argument("--deadline-stretch", type=float, default=1.0, help="multiply deadline budgets (Arena: 5)")
+    p.add_argument("--iter-scale", type=positive_int, default=1, help="divide iteration counts by this (Arena: 5)")
+    p.add_argument("--deadline-stretch", type=positive_float, default=1.0, help="multiply deadline budgets (Arena: 5)")
     p.add_argument("--arena-scaling", action="store_true",
                    help="Arena's simulator scaling: --iter-scale 5 --deadline-stretch 5")
-    p.add_argument("--noise", type=float, default=0.0,
+    p.add_argument("--noise", type=bounded(float, 0, 1, hi_open=True), default=0.0,
                    help="perturb the estimate the policy sees by up to +-this fraction (e.g. 0.2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the estimate noise")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the estimate noise")
     p.add_argument("--replan", default="auto", choices=["auto", "events", "every-tick"],
                    help="call the policy only after arrivals/completions (events; auto is the same) or at "
                         "every tick")
     p.add_argument("--replan-on-ready", action="store_true", help="also re-plan when a reconfiguration ends")
-    p.add_argument("--limit-jobs", type=int, help="only the first N jobs of the trace")
+    p.add_argument("--limit-jobs", type=positive_int, help="only the first N jobs of the trace")
     add_policy_args(p)
 
 
@@ -71,6 +73,7 @@ def cmd_simulate(args) -> int:
     from arena_opt.sim.results import write_result
 
     check_policy(args.policy)
+    check_output_dir(args.output_dir, "-o")
     cfg = _config(args, args.policy, options_for(args.policy, given_options(args)))
     if args.noise and not 0 <= args.noise < 1:
         raise InputError(f"--noise must be in [0, 1), got {args.noise}")
@@ -98,6 +101,7 @@ def cmd_bench(args) -> int:
     from arena_opt.sim.bench import parse_policies, run_bench
 
     policies = parse_policies(args.policies)
+    check_output_dir(args.output_dir, "-o")
     given = given_options(args)
     check_known(policies, given)
     per_policy = {p: options_for(p, given, strict=False) for p in policies}  # each takes the flags it has
@@ -189,14 +193,12 @@ def cmd_gen_trace(args) -> int:
 
     if not 0 < args.load:
         raise InputError(f"--load must be > 0, got {args.load}")
-    if args.jobs < 1:
-        raise InputError(f"--jobs must be >= 1, got {args.jobs}")
+    check_output_file(args.output, "-o")
     cluster = load_cluster(args.cluster)
     models = tuple(m.strip() for m in args.models.split(",")) if args.models else DEFAULT_MODELS
     opts = GenOptions(jobs=args.jobs, seed=args.seed, load=args.load, models=models,
                       duration_median_s=args.duration_median, deadlines=not args.no_deadlines)
     jobs = generate(cluster, opts)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     write_trace(args.output, jobs)
     span = jobs[-1].submit_time - jobs[0].submit_time
     print(f"wrote {args.output}: {len(jobs)} jobs over {span / 3600:.1f} h for {describe(cluster)}")
@@ -216,8 +218,8 @@ def register(sub) -> None:
     b.add_argument("--policies", default="all", help="comma-separated names or 'all' (default)")
     b.add_argument("-o", "--output-dir", default="results/bench",
                    help="one JSON per policy, results.md and PNG plots go here")
-    b.add_argument("--parallel", type=int, default=1, help="policies run at once (default 1)")
-    b.add_argument("--timeout", type=float, help="give up on a policy after this many seconds")
+    b.add_argument("--parallel", type=positive_int, default=1, help="policies run at once (default 1)")
+    b.add_argument("--timeout", type=positive_float, help="give up on a policy after this many seconds")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     _bound_args(b)
     b.add_argument("--no-bound", action="store_true",
@@ -233,10 +235,10 @@ def register(sub) -> None:
     g = sub.add_parser("gen-trace", help="write a synthetic trace with Philly-like arrivals and sizes")
     g.add_argument("--cluster", required=True, help="cluster spec the jobs are sized for")
     g.add_argument("-o", "--output", required=True, help="JSON Lines file to write")
-    g.add_argument("--jobs", type=int, default=200)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--load", type=float, default=0.8, help="offered load as a fraction of the GPUs (default 0.8)")
-    g.add_argument("--duration-median", type=float, default=3600.0, help="median job run time, s (default 3600)")
+    g.add_argument("--jobs", type=positive_int, default=200)
+    g.add_argument("--seed", type=seed, default=0)
+    g.add_argument("--load", type=positive_float, default=0.8, help="offered load as a fraction of the GPUs (default 0.8)")
+    g.add_argument("--duration-median", type=positive_float, default=3600.0, help="median job run time, s (default 3600)")
     g.add_argument("--models", help="comma-separated catalog models (default: a mix of GPT, BERT, MoE, WideResNet)")
     g.add_argument("--no-deadlines", action="store_true")
     g.set_defaults(func=cmd_gen_trace)

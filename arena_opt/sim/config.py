@@ -17,7 +17,7 @@ from arena_opt.trace import load_trace
 
 
 class RunConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     trace: str
     cluster: str

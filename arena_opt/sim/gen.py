@@ -29,7 +29,7 @@ DEFAULT_MODELS = ("gpt-350M", "gpt-1.3B", "gpt-2.6B", "bert-760M", "bert-1.3B", 
 
 
 class GenOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     jobs: PositiveInt = 200
     seed: int = 0

@@ -25,7 +25,7 @@ PREFIX = "arena:"
 
 
 class ArenaMeta(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = Field(description="catalog model name (`arena-opt models`)")
     batch_size: PositiveInt = Field(description="global batch, samples per iteration")
