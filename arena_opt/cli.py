@@ -83,7 +83,9 @@ def cmd_solve(args) -> int:
 def cmd_plan(args) -> int:
     from arena_opt.gpus import BUILTIN_GPUS, canonical_gpu
     from arena_opt.grids import GridCatalog, compact_shape
+    from arena_opt.perf.analytical import cost_table
     from arena_opt.perf.estimator import GridShape
+    from arena_opt.perf.planner import why_no_plan
     from arena_opt.report import print_plans
     from models.catalog import get_arch
 
@@ -100,11 +102,14 @@ def cmd_plan(args) -> int:
     nodes, per = compact_shape(args.gpus, gpn)
     est = _estimator(args)
     catalog = GridCatalog.of(est)
+    layers = cost_table(arch, est.planner.params).num_layers
     rows = []
     pp = 1
     while pp <= args.gpus:
-        plans = catalog.plans(arch, args.batch, BUILTIN_GPUS[gpu], None, GridShape(gpu, nodes, per, pp))
-        rows.append((pp, plans))
+        if args.gpus % pp == 0:
+            plans = catalog.plans(arch, args.batch, BUILTIN_GPUS[gpu], None, GridShape(gpu, nodes, per, pp))
+            why = None if plans.proxy else why_no_plan(arch, args.batch, args.gpus, per, pp, layers)
+            rows.append((pp, plans, why))
         pp *= 2
     _save_plans(est)
     print_plans(arch, args.batch, gpu, nodes, per, rows)

@@ -43,7 +43,7 @@ def read_text(path: str | Path, what: str = "file") -> str:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{path}: {what} not found") from None
+        raise InputError(f"{path}: {what} not found (cannot read it)") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a directory, expected a {what}") from None
     except OSError as e:
@@ -58,18 +58,21 @@ def read_text(path: str | Path, what: str = "file") -> str:
                          f"save the {what} as UTF-8") from None
 
 
-def parse_json(text: str, where: str) -> object:
-    """JSON from `text`; malformed or absurdly nested JSON is an InputError at `where` (file[:line])."""
+def parse_json(text: str, where: str, what: str | None = None) -> object:
+    """JSON from `text`; malformed or absurdly nested JSON is an InputError at `where` (file[:line]),
+    saying which input it should have been (`what`)."""
+    kind = f"not a JSON {what}: " if what else ""
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise InputError(f"{where}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+        raise InputError(f"{where}: {kind}not valid JSON (malformed JSON at line {e.lineno}, column "
+                         f"{e.colno}: {e.msg})") from None
     except RecursionError:
-        raise InputError(f"{where}: JSON nested too deeply to be a valid input") from None
+        raise InputError(f"{where}: {kind}JSON nested too deeply to be a valid input") from None
 
 
-def load_json(path: str | Path, what: str = "file") -> object:
-    return parse_json(read_text(path, what), str(path))
+def load_json(path: str | Path, what: str | None = None) -> object:
+    return parse_json(read_text(path, what or "file"), str(path), what)
 
 
 def load_model(path: str | Path, cls: type[M]) -> M:

@@ -64,9 +64,9 @@ def print_plans(arch, batch: int, gpu: str, nodes: int, per_node: int, rows, con
     t = Table(title=f"{arch.name} batch {batch} on {nodes}x{per_node} {gpu}")
     for col in ("grid pp", "", "plan", "stages (layers)", "iter s", "samples/s", "GiB/GPU"):
         t.add_column(col)
-    for pp, plans in rows:
+    for pp, plans, why in rows:
         if plans.proxy is None:
-            t.add_row(str(pp), "", "no plan fits in memory", "", "", "", "")
+            t.add_row(str(pp), "", why or "no plan fits in memory", "", "", "", "")
             continue
         for r in plans.pareto:
             tag = "proxy" if r is plans.proxy else "pareto"

@@ -19,7 +19,7 @@ MAX_GPUS_PER_NODE = 64
 MAX_NODES = 100_000
 MAX_BATCH_SIZE = 2**24  # samples per iteration
 MAX_ITERATIONS = 10**10
-MAX_TIME_S = 10**11  # about 3000 years: snapshot time, submit times, deadlines
+MAX_TIME_S = 10**11  # about 3000 years: snapshot time, submit times
 
 NodeState = Literal["available", "drain", "down"]
 
@@ -107,8 +107,7 @@ class Job(_Strict):
     total_iterations: PositiveInt = Field(le=MAX_ITERATIONS)
     remaining_iterations: NonNegativeFloat
     submit_time: NonNegativeFloat = Field(0.0, le=MAX_TIME_S)
-    deadline: PositiveFloat | None = Field(None, le=MAX_TIME_S,
-                                           description="absolute time by which the job should finish")
+    deadline: PositiveFloat | None = Field(None, description="absolute time by which the job should finish")
     weight: PositiveFloat = 1.0
     allowed_gpu_types: list[str] | None = None
     min_gpus: PositiveInt = Field(1, le=MAX_GPUS_PER_NODE * MAX_NODES)

@@ -120,9 +120,10 @@ def load_trace(path: str | Path, *, iter_scale: int = 1, deadline_stretch: float
             err = e.errors()[0]
             loc = ".".join(map(str, err["loc"])) or "record"
             raise InputError(f"{path}:{lineno}: field {loc}: {err['msg']} (value {err.get('input')!r})") from None
-        for t in [tj.gpu_type, *(tj.allowed_gpu_types or [])]:
+        for field, t in [("gpu_type", tj.gpu_type), *(("allowed_gpu_types", x) for x in tj.allowed_gpu_types or [])]:
             if t is not None and t not in known:
-                raise InputError(f"{path}:{lineno}: unknown GPU type {t!r}; known: {', '.join(sorted(known))}")
+                raise InputError(f"{path}:{lineno}: field {field}: unknown GPU type {t!r}; known: "
+                                 f"{', '.join(sorted(known))}")
         if tj.id in seen:
             raise InputError(f"{path}:{lineno}: duplicate job id {tj.id!r} (first on line {seen[tj.id]})")
         seen[tj.id] = lineno

@@ -246,3 +246,12 @@ def test_large_decision_table_is_summarised(tmp_path, capsys):
     assert "job-00" not in out and "decision written" in out
     d = json.loads((tmp_path / "d.json").read_text())
     assert len(d["jobs"]) == 60 and d["stats"]["total_s"] > 0
+
+
+def test_plan_names_the_true_reason(capsys):
+    assert main(["plan", "--model", "gpt-1.3B", "--batch", "32", "--gpu", "a100", "--gpus", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 32 does not split into dp 3" in out and "memory" not in out
+    assert main(["plan", "--model", "gpt-1.3B", "--batch", "3", "--gpu", "a100", "--gpus", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "at least 4 micro-batches" in out

@@ -52,6 +52,22 @@ def tp_degrees(arch: Arch, gpus_per_node: int, per_stage: int) -> list[int]:
             if per_stage % t == 0 and gpus_per_node % t == 0 and split_dim % t == 0]
 
 
+def why_no_plan(arch: Arch, batch: int, n_gpus: int, gpus_per_node: int, pp: int, layers: int) -> str:
+    """Why the grid (n_gpus GPUs, pp stages) has no plan, by the first rule of `_plan` it breaks; memory
+    only when every split exists but none fits."""
+    if n_gpus % pp:
+        return f"{n_gpus} GPUs do not split into {pp} pipeline stages"
+    if pp > layers:
+        return f"{pp} stages exceed the model's {layers} layers"
+    splits = [(tp, n_gpus // (pp * tp)) for tp in tp_degrees(arch, gpus_per_node, n_gpus // pp)]
+    if not splits:
+        return f"no tensor-parallel degree divides {n_gpus // pp} GPUs per stage within a node"
+    if not any(batch % dp == 0 and microbatch_counts(batch // dp, pp) for _, dp in splits):
+        dps = ", ".join(str(dp) for _, dp in splits)
+        return f"batch {batch} does not split into dp {dps} replicas of at least {pp} micro-batches"
+    return "no plan fits in memory"
+
+
 def microbatch_counts(per_replica_batch: int, pp: int) -> list[int]:
     # Every power of two that divides the per-replica batch (at least pp when pipelining): a coarser
     # ladder jumps from a few micro-batches straight to one-sample micro-batches on memory-bound grids

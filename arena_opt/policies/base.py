@@ -31,16 +31,8 @@ class Policy(ABC):
         self.estimator = estimator or PerfEstimator()
         self._options_json = self.options.model_dump(mode="json")  # what every Decision records
 
-    def decide(self, snapshot: ClusterSnapshot) -> Decision:
-        """The decision for `snapshot`, node and GPU health applied (arena_opt/health.py): the policy's own
-        `decide_usable` sees only usable nodes and GPUs and running jobs that may stay where they are."""
-        view = health_view(snapshot)
-        if view is None:
-            return self.decide_usable(snapshot)
-        return view.restore(snapshot, self.decide_usable(view.snapshot))
-
     @abstractmethod
-    def decide_usable(self, snapshot: ClusterSnapshot) -> Decision: ...
+    def decide(self, snapshot: ClusterSnapshot) -> Decision: ...
 
 
 class GridPolicy(Policy):
@@ -50,6 +42,14 @@ class GridPolicy(Policy):
     def __init__(self, options: PolicyOptions | dict | None = None, estimator: PerfEstimator | None = None):
         super().__init__(options, estimator)
         self._comm_shares: CommShares | None = None  # plans' link shares, kept across rounds
+
+    def decide(self, snapshot: ClusterSnapshot) -> Decision:
+        """The decision for `snapshot`, node and GPU health applied (arena_opt/health.py): `decide_usable`
+        sees only usable nodes and GPUs and running jobs that may stay where they are."""
+        view = health_view(snapshot)
+        if view is None:
+            return self.decide_usable(snapshot)
+        return view.restore(snapshot, self.decide_usable(view.snapshot))
 
     def decide_usable(self, snapshot: ClusterSnapshot) -> Decision:
         t0 = time.perf_counter()
