@@ -73,15 +73,21 @@ def _mutations(doc):
     return st.tuples(st.sampled_from(leaves), BAD)
 
 
+def _mutated_file(doc, m, path: Path):
+    """Write `doc` with mutation `m` (leaf path, value) to `path`; returns (leaf path, the value it had)."""
+    where, value = m
+    d = copy.deepcopy(doc)
+    old = _get(d, where)
+    _set(d, where, value)
+    path.write_text(json.dumps(d))  # json writes NaN/Infinity literals, as a careless producer would
+    return where, old
+
+
 @SETTINGS
 @given(m=_mutations(SMALL))
 def test_mutated_snapshot(m, tmp_path, capsys):
-    path, value = m
-    s = copy.deepcopy(SMALL)
-    old = _get(s, path)
-    _set(s, path, value)
     p = tmp_path / "s.json"
-    p.write_text(json.dumps(s))
+    path, old = _mutated_file(SMALL, m, p)
     rc, _ = _check(["validate", p], capsys, path, old=old)
     if rc == 0:  # still valid: the policies must take it too
         out = tmp_path / "d.json"
@@ -115,7 +121,7 @@ def test_mutated_snapshot_bytes(data, tmp_path, capsys):
         assert rc == 2 and str(p) in err
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=12)
 @given(line=st.integers(0, len(TRACE_LINES) - 1), data=st.data())
 def test_mutated_trace(line, data, tmp_path, capsys):
     rec = json.loads(TRACE_LINES[line])
@@ -133,12 +139,8 @@ def test_mutated_trace(line, data, tmp_path, capsys):
 @SETTINGS
 @given(m=_mutations(CLUSTER))
 def test_mutated_cluster_file(m, tmp_path, capsys):
-    path, value = m
-    c = copy.deepcopy(CLUSTER)
-    old = _get(c, path)
-    _set(c, path, value)
     p = tmp_path / "c.json"
-    p.write_text(json.dumps(c))
+    path, old = _mutated_file(CLUSTER, m, p)
     out = tmp_path / "t.jsonl"
     out.write_text("previous\n")
     _check(["gen-trace", "--cluster", p, "--jobs", "3", "-o", out], capsys, path, kept=[out], old=old)
