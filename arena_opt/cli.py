@@ -9,7 +9,6 @@ import json
 import sys
 import time
 import traceback
-from pathlib import Path
 
 from arena_opt.argtypes import Parser, fraction, nonneg_int, positive_int, seed
 from arena_opt.errors import InputError, Interrupted

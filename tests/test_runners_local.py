@@ -27,7 +27,7 @@ from runners.base import JobSpec
 from runners.local import LocalRunner
 from runners.process import kill_all, pid_alive
 from runners.reference import reference_losses
-from runners.spec import Scale, resolve_arch
+from runners.spec import resolve_arch
 
 pytestmark = pytest.mark.slow
 TOL = 1e-3

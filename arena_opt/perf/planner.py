@@ -9,7 +9,11 @@ and the (time, memory) Pareto front is kept for the runners.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, links_for
@@ -84,9 +88,6 @@ def microbatch_counts(per_replica_batch: int, pp: int) -> list[int]:
 
 def plan_cache_path() -> Path | None:
     """Plans are cached across runs: $ARENA_OPT_CACHE (a file; empty = off), else ~/.cache/arena-opt/plans.json."""
-    import os
-    from pathlib import Path
-
     env = os.environ.get("ARENA_OPT_CACHE")
     if env is not None:
         return Path(env) if env else None
@@ -95,9 +96,6 @@ def plan_cache_path() -> Path | None:
 
 def _code_version() -> str:
     """Hash of the sources a plan depends on: a cached plan from other code is never reused."""
-    import hashlib
-    from pathlib import Path
-
     here = Path(__file__).resolve().parent  # arena_opt/perf
     root = here.parent.parent
     files = [here / "planner.py", here / "analytical.py", here / "compose.py",
@@ -124,9 +122,6 @@ class Planner:
                          str(gpus_per_node), str(pp)])
 
     def load_cache(self, path) -> None:
-        import json
-        from pathlib import Path
-
         path = Path(path)
         try:
             data = json.loads(path.read_text())
@@ -136,8 +131,6 @@ class Planner:
             self._disk = data.get("plans", {})
 
     def save_cache(self, path) -> None:
-        import json
-
         from arena_opt.io import atomic_write
 
         if not self._disk_dirty:
