@@ -19,6 +19,7 @@ from arena_opt.policies.base import GridPolicy, build_decision
 from arena_opt.milp.options import PolicyOptions
 from arena_opt.snapshot import ClusterSnapshot, Job
 
+
 class PackedPolicy(GridPolicy):
     """A grid policy that places jobs itself while it decides (see module doc)."""
 
@@ -57,11 +58,6 @@ class PackedPolicy(GridPolicy):
     def requested(self, job: Job) -> Grid | None:
         """The user's request as a grid (`grids.requested_grid`)."""
         return self.catalog.requested(job, self._snapshot)
-
-    def choose(self, snapshot: ClusterSnapshot):
-        self._snapshot = snapshot
-        chosen, _, reasons, stats = self.plan(snapshot)
-        return chosen, reasons, stats
 
     @abstractmethod
     def plan(self, snapshot: ClusterSnapshot) -> tuple[dict[str, Grid], dict[str, Placement], dict[str, str],
