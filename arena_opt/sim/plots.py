@@ -18,6 +18,15 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    """Every plot is written whole or not at all (a half-written PNG never replaces the last one)."""
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+    return path
+
+
 def plot_all(results: list[dict], out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -41,10 +50,7 @@ def _bound_ratio(results: list[dict], path: Path) -> Path:
     ax.set_ylabel("average JCT / LP lower bound")
     ax.set_title(f"distance from the bound ({results[0]['lp_bound_s']:,.0f} s)")
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _jct_cdf(results: list[dict], path: Path) -> Path:
@@ -59,11 +65,7 @@ def _jct_cdf(results: list[dict], path: Path) -> Path:
     ax.set_ylabel("fraction of finished jobs")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _series(results: list[dict], key: str, title: str, path: Path, scale: float = 1.0, ylabel: str | None = None,
@@ -84,8 +86,4 @@ def _series(results: list[dict], key: str, title: str, path: Path, scale: float 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
