@@ -147,13 +147,3 @@ def parse_jobs(text: str, command: str) -> list[SlurmJob]:
         jid = r.get("job_id") if isinstance(r, dict) else None
         out.append(_model(SlurmJob, r, command, f"jobs[{i}]" + (f" (job {jid})" if jid is not None else "")))
     return out
-
-
-def slurm_release(text: str) -> str | None:
-    """The Slurm release named in an output's meta block (22.05: meta.Slurm, 23.02+: meta.slurm)."""
-    try:
-        meta = json.loads(text).get("meta", {})
-    except (json.JSONDecodeError, AttributeError):
-        return None
-    s = meta.get("Slurm") or meta.get("slurm") or {}
-    return s.get("release") if isinstance(s, dict) else None
