@@ -37,8 +37,8 @@ class Policy(ABC):
 
 class GridPolicy(Policy):
     """A policy that picks at most one grid per job; the co-location state and the Decision are shared.
-    Either it implements `choose` and `decide` places the chosen grids with `placement.place`, or it
-    places while it decides and overrides `decide` (the baselines: policies/common.py).
+    Either it implements `choose` and `decide_usable` places the chosen grids with `placement.place`, or
+    it places while it decides and overrides `decide_usable` (the baselines: policies/common.py).
     `options.colocation`: the co-location slowdown model placement and the decision's estimates use (None: off)."""
 
     def __init__(self, options: PolicyOptions | dict | None = None, estimator: PerfEstimator | None = None):
@@ -76,8 +76,8 @@ class GridPolicy(Policy):
 
     def choose(self, snapshot: ClusterSnapshot) -> tuple[dict[str, Grid], dict[str, str], SolverStats]:
         """Chosen grid per running/started job, a reason per job left without one, solver stats.
-        Needed only by the `decide` above; a policy that overrides `decide` does not implement it."""
-        raise NotImplementedError(f"policy {self.name}: neither choose() nor decide() is implemented")
+        Needed only by the `decide_usable` above; a policy that overrides it does not implement this."""
+        raise NotImplementedError(f"policy {self.name}: neither choose() nor decide_usable() is implemented")
 
 
 def action_for(job: Job, grid: Grid | None, placement: dict[str, list[int]] | None) -> str:
