@@ -38,7 +38,6 @@ from arena_opt.io import atomic_write, parse_json, read_text
 from arena_opt.gpus import BUILTIN_GPUS, GpuSpec, canonical_gpu
 from arena_opt.snapshot import MAX_BATCH_SIZE, MAX_ITERATIONS, MAX_TIME_S, Job
 from models.catalog import ARCHITECTURES, arena_model_name
-from arena_opt.io import atomic_write
 
 ARENA_COLUMNS = ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu",
                  "gpu_type")

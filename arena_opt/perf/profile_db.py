@@ -41,7 +41,6 @@ version, or with a bad field, is rejected with the file, field and value in the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
