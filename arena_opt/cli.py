@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -282,5 +283,17 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, old)
 
 
+def entry() -> None:
+    """The `arena-opt` program: main's exit code, kept even when a HiGHS run is still going."""
+    code = main()
+    from arena_opt.milp.solve import solve_running
+
+    if solve_running():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

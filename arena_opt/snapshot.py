@@ -17,6 +17,7 @@ SCHEMA_VERSION = 1
 # Sane bounds at the edge (a value past one is a typo or a unit mistake, not a cluster or a job)
 MAX_GPUS_PER_NODE = 64
 MAX_NODES = 100_000
+MAX_GPUS = MAX_GPUS_PER_NODE * MAX_NODES  # bound of every GPU count a job may ask for
 MAX_BATCH_SIZE = 2**24  # samples per iteration
 MAX_ITERATIONS = 10**10
 MAX_TIME_S = 10**11  # about 3000 years: snapshot time, submit times
@@ -110,10 +111,10 @@ class Job(_Strict):
     deadline: PositiveFloat | None = Field(None, description="absolute time by which the job should finish")
     weight: PositiveFloat = 1.0
     allowed_gpu_types: list[str] | None = None
-    min_gpus: PositiveInt = Field(1, le=MAX_GPUS_PER_NODE * MAX_NODES)
-    max_gpus: PositiveInt | None = Field(None, le=MAX_GPUS_PER_NODE * MAX_NODES)
+    min_gpus: PositiveInt = Field(1, le=MAX_GPUS)
+    max_gpus: PositiveInt | None = Field(None, le=MAX_GPUS)
     requested_gpu_type: str | None = None
-    requested_num_gpus: PositiveInt | None = Field(None, le=MAX_GPUS_PER_NODE * MAX_NODES)
+    requested_num_gpus: PositiveInt | None = Field(None, le=MAX_GPUS)
     running: RunningState | None = None
     attained_service_s: NonNegativeFloat = Field(0.0, description="GPU-seconds received so far")
     waited_s: NonNegativeFloat | None = Field(

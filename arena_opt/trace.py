@@ -36,7 +36,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFl
 from arena_opt.errors import InputError
 from arena_opt.io import atomic_write, parse_json, read_text
 from arena_opt.gpus import BUILTIN_GPUS, GpuSpec, canonical_gpu
-from arena_opt.snapshot import MAX_BATCH_SIZE, MAX_ITERATIONS, MAX_TIME_S, Job
+from arena_opt.snapshot import MAX_BATCH_SIZE, MAX_GPUS, MAX_ITERATIONS, MAX_TIME_S, Job
 from models.catalog import ARCHITECTURES, arena_model_name
 
 ARENA_COLUMNS = ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu",
@@ -53,13 +53,13 @@ class TraceJob(BaseModel):
     model: str
     batch_size: PositiveInt = Field(le=MAX_BATCH_SIZE)
     iterations: PositiveInt = Field(le=MAX_ITERATIONS)
-    num_gpus: PositiveInt | None = None
+    num_gpus: PositiveInt | None = Field(None, le=MAX_GPUS)
     gpu_type: str | None = None
     deadline: PositiveFloat | None = None
     weight: PositiveFloat = 1.0
     allowed_gpu_types: list[str] | None = None
-    min_gpus: PositiveInt = 1
-    max_gpus: PositiveInt | None = None
+    min_gpus: PositiveInt = Field(1, le=MAX_GPUS)
+    max_gpus: PositiveInt | None = Field(None, le=MAX_GPUS)
 
     @field_validator("model")
     @classmethod

@@ -207,6 +207,7 @@ def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: n
     return word, info, (np.asarray(h.getSolution().col_value) if has else None)
 
 
+_LEFT_RUNNING = False  # a run was abandoned or interrupted: see solve_running
 _GRACE_S = 0.05  # past the deadline before a run is abandoned: HiGHS's own limit stops most runs first
 
 
@@ -220,15 +221,29 @@ def _run_until(h, deadline: float | None) -> bool:
     if deadline is None:
         h.run()
         return True
+    global _LEFT_RUNNING
     worker = threading.Thread(target=h.run, name="highs-run", daemon=True)
     worker.start()
-    worker.join(max(0.0, deadline - time.perf_counter()) + _GRACE_S)
+    try:
+        worker.join(max(0.0, deadline - time.perf_counter()) + _GRACE_S)
+    except BaseException:  # a signal while waiting: the run goes on without us
+        _LEFT_RUNNING = True
+        raise
     if not worker.is_alive():
         return True
+    _LEFT_RUNNING = True
     with contextlib.suppress(Exception):
         h.cancelSolve()
     _HIGHS = None  # the abandoned instance is still busy
     return False
+
+
+def solve_running() -> bool:
+    """A HiGHS run of this process was left running (abandoned at its deadline, or interrupted by a
+    signal while the main thread waited on it). Such a process must leave through os._exit: a normal
+    interpreter exit can destroy HiGHS's thread pool under that solve and abort (SIGABRT, measured on
+    SIGTERM of `simulate`), even after the run's Python thread has ended."""
+    return _LEFT_RUNNING or any(t.name == "highs-run" and t.is_alive() for t in threading.enumerate())
 
 
 class shared_highs:
