@@ -243,7 +243,7 @@ def solve_running() -> bool:
     signal while the main thread waited on it). Such a process must leave through os._exit: a normal
     interpreter exit can destroy HiGHS's thread pool under that solve and abort (SIGABRT, measured on
     SIGTERM of `simulate`), even after the run's Python thread has ended."""
-    return _LEFT_RUNNING or any(t.name == "highs-run" and t.is_alive() for t in threading.enumerate())
+    return _LEFT_RUNNING
 
 
 class shared_highs:
