@@ -16,19 +16,28 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 LinkKind = Literal["nvlink", "pcie", "infiniband", "ethernet"]
 
 
+# Sane upper limits of a catalog entry: about 20-100x the largest part of 2026 (B200: 2,250 dense fp16
+# TFLOP/s, 192 GiB, 8,000 GB/s, NVLink 900 GB/s), so a real GPU of the next years passes and a unit slip
+# (TFLOP/s given in GFLOP/s, memory in MiB) is an error naming the field rather than a plausible estimate.
+MAX_TFLOPS = 100_000.0
+MAX_MEMORY_GIB = 16_384.0
+MAX_BW_GBS = 100_000.0
+
+
 class GpuSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1)
-    peak_tflops: PositiveFloat = Field(description="dense fp16/bf16 tensor TFLOP/s")
-    memory_gib: PositiveFloat
-    mem_bw_gbs: PositiveFloat = Field(description="HBM/GDDR bandwidth, GB/s")
-    nvlink_bw_gbs: PositiveFloat | None = Field(None, description="per GPU, one direction; None = no NVLink")
-    pcie_bw_gbs: PositiveFloat = Field(description="host link, x16, one direction")
-    inter_node_bw_gbs: PositiveFloat = Field(description="network bandwidth available to one GPU")
+    peak_tflops: PositiveFloat = Field(le=MAX_TFLOPS, description="dense fp16/bf16 tensor TFLOP/s")
+    memory_gib: PositiveFloat = Field(le=MAX_MEMORY_GIB)
+    mem_bw_gbs: PositiveFloat = Field(le=10 * MAX_BW_GBS, description="HBM/GDDR bandwidth, GB/s")
+    nvlink_bw_gbs: PositiveFloat | None = Field(None, le=MAX_BW_GBS,
+                                                description="per GPU, one direction; None = no NVLink")
+    pcie_bw_gbs: PositiveFloat = Field(le=MAX_BW_GBS, description="host link, x16, one direction")
+    inter_node_bw_gbs: PositiveFloat = Field(le=MAX_BW_GBS, description="network bandwidth available to one GPU")
     fp32_tflops: PositiveFloat | None = Field(
-        None, description="fp32 FMA TFLOP/s without tensor cores, for models trained in fp32; "
-                          "None = peak_tflops")
+        None, le=MAX_TFLOPS, description="fp32 FMA TFLOP/s without tensor cores, for models trained in fp32; "
+                                         "None = peak_tflops")
 
 
 # Sources: NVIDIA A100 (2021), V100 (2020), A40 (2022), A10 (2021), L20 (2023),

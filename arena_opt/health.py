@@ -36,9 +36,10 @@ class HealthView:
                          for n, gs in jd.placement.items()}
             jd = jd.model_copy(update={"placement": placement})
             if jd.runs and _takes_drained(self, job, jd):
+                why = f"{self.moved[jd.job_id]}; " if jd.job_id in self.moved else ""
                 jd = JobDecision(job_id=jd.job_id, action="preempt" if job.running else "wait",
-                                 reason="its grid's GPUs are on a drained node (left by a job moved this round); "
-                                        "re-planned next round")
+                                 reason=why + "its grid's GPUs are on a drained node (left by a job moved this "
+                                              "round); re-planned next round")
             elif jd.job_id in self.moved:
                 why = self.moved[jd.job_id]
                 if jd.runs:

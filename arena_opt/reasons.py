@@ -5,13 +5,22 @@ from __future__ import annotations
 from arena_opt.snapshot import ClusterSnapshot, Job
 
 
-def no_grid_reason(job: Job, snapshot: ClusterSnapshot) -> str:
-    types = {n.gpu_type for n in snapshot.nodes}
-    allowed = [t for t in (job.allowed_gpu_types or sorted(types)) if t in types]
+def pool_totals(snapshot: ClusterSnapshot) -> dict[str, int]:
+    """GPUs per type in the snapshot (computed once per round: a reason is asked for per job)."""
+    out: dict[str, int] = {}
+    for n in snapshot.nodes:
+        out[n.gpu_type] = out.get(n.gpu_type, 0) + n.num_gpus
+    return out
+
+
+def no_grid_reason(job: Job, snapshot: ClusterSnapshot, totals: dict[str, int] | None = None) -> str:
+    """`totals`: `pool_totals(snapshot)`, when the caller asks for many jobs."""
+    per_all = pool_totals(snapshot) if totals is None else totals
+    allowed = [t for t in (job.allowed_gpu_types or sorted(per_all)) if t in per_all]
     if not allowed:
         return (f"none of its allowed GPU types ({', '.join(job.allowed_gpu_types or [])}) is in the cluster "
-                f"(it has {', '.join(sorted(types)) or 'no nodes'})")
-    per_type = {t: sum(n.num_gpus for n in snapshot.nodes if n.gpu_type == t) for t in allowed}
+                f"(it has {', '.join(sorted(per_all)) or 'no nodes'})")
+    per_type = {t: per_all[t] for t in allowed}
     most = max(per_type.values())
     if job.min_gpus > most:
         t = max(per_type, key=per_type.get)

@@ -157,7 +157,8 @@ class LiveLoop:
         self._apply_removals(t)
         current = self.runner.cluster_nodes()
         if current is not None:
-            # the engine's view (Slurm): a node down or drained is gone from it, its jobs are re-planned
+            # the engine's view (Slurm), node states included: the policies' health view keeps jobs on a
+            # drained node and re-plans those on a down one
             self.nodes = [n for n in current if n.id not in self._removed]
         obs = self._observe(t)
         self._feed_estimator()

@@ -12,8 +12,9 @@ Stopping (preempt, reshape, migrate) is the life cycle of runners/managed.py: a 
 timeout is `scancel`ed: SIGTERM, which also makes the ranks save, then SIGKILL after the cluster's
 KillWait. A generation Slurm leaves pending (a foreign job took the GPUs first) is reported as
 pending, so the next round re-plans it; the new decision replaces it unless it names the same
-allocation. `cluster_nodes()` is the next snapshot's node list: DOWN / DRAIN nodes drop out and the
-jobs on them are re-planned from their last checkpoint.
+allocation. `cluster_nodes()` is the next snapshot's node list with Slurm's node states: a job on a DRAIN
+node keeps running until a decision moves it; one on a DOWN node is re-planned from its last
+checkpoint.
 
 The job directories (run, checkpoint, logs) must be on a file system all nodes share.
 """

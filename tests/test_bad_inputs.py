@@ -11,6 +11,7 @@ from arena_opt.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ROOT / "instances" / "small.json"
 TRACE = ROOT / "instances" / "traces" / "philly-like-small.jsonl"
+CLUSTER = ROOT / "instances" / "clusters" / "small.json"
 
 
 def _run(argv, capsys):
@@ -65,6 +66,17 @@ def test_plan_flags(flags, needles, capsys):
     _expect_2(["plan", "--model", "gpt-1.3B", "--gpu", "a100", *flags], capsys, *needles)
 
 
+@pytest.mark.parametrize("flags, needles", [
+    (["--epsilon", "-1"], ["--epsilon must be > 0 (value -1"]),
+    (["--epsilon", "nan"], ["--epsilon must be a finite number"]),
+    (["--bound-time-limit", "0"], ["--bound-time-limit must be > 0 (value 0"]),
+])
+def test_bound_flags(flags, needles, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    _expect_2(["bound", "--trace", TRACE, "--cluster", CLUSTER, "-o", out, *flags], capsys, *needles)
+    assert not out.exists()
+
+
 def _snap():
     return json.loads(SMALL.read_text())
 
@@ -103,6 +115,12 @@ def _running(s):
     (lambda s: s.update(gpu_catalog={"x": {"name": "x", "peak_tflops": float("inf"), "memory_gib": 1, "mem_bw_gbs": 1,
                                            "pcie_bw_gbs": 1, "inter_node_bw_gbs": 1}}),
      ["gpu_catalog.x.peak_tflops", "finite"]),
+    (lambda s: s.update(gpu_catalog={"x": {"name": "x", "peak_tflops": 312000000, "memory_gib": 1, "mem_bw_gbs": 1,
+                                           "pcie_bw_gbs": 1, "inter_node_bw_gbs": 1}}),
+     ["gpu_catalog.x.peak_tflops", "100000", "312000000"]),
+    (lambda s: s.update(gpu_catalog={"x": {"name": "x", "peak_tflops": 312, "memory_gib": 40960, "mem_bw_gbs": 1,
+                                           "pcie_bw_gbs": 1, "inter_node_bw_gbs": 1}}),
+     ["gpu_catalog.x.memory_gib", "16384", "40960"]),
     (lambda s: _running(s)["running"]["plan"]["stages"][-1].__setitem__(1, 10000), ["stages", "10000", "layers"]),
     (lambda s: _running(s)["running"]["plan"].update(num_microbatches=1000000),
      ["num_microbatches", "1000000", "does not divide"]),
@@ -126,11 +144,12 @@ def test_tp_across_nodes_is_an_error(tmp_path, capsys):
     _expect_2(["validate", _write(tmp_path, s)], capsys, "tp 3", "n0")
 
 
-def test_min_gpus_beyond_the_cluster_names_the_true_reason(tmp_path, capsys):
+@pytest.mark.parametrize("policy", ["arena", "fcfs", "gavel", "sia", "elasticflow", "arena-greedy"])
+def test_min_gpus_beyond_the_cluster_names_the_true_reason(policy, tmp_path, capsys):
     s = _snap()
     s["jobs"][0]["min_gpus"] = 1000000
     out = tmp_path / "d.json"
-    assert main(["solve", str(_write(tmp_path, s)), "-o", str(out), "--quiet"]) == 0
+    assert main(["solve", str(_write(tmp_path, s)), "-o", str(out), "--quiet", "--policy", policy]) == 0
     d = json.loads(out.read_text())
     j = next(x for x in d["jobs"] if x["job_id"] == s["jobs"][0]["id"])
     assert j["action"] == "wait" and "more than any pool offers" in j["reason"]

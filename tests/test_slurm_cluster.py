@@ -41,8 +41,8 @@ def test_snapshot_with_foreign_job_and_drained_node_then_solve(slurm, tmp_path):
     assert r.returncode == 0, r.stderr
     snap = ClusterSnapshot.model_validate_json(out.read_text())
     nodes = {n.id: n for n in snap.nodes}
-    assert set(nodes) == {"n1", "n3", "n4"}, snap.notes
-    assert "node n2 left out: DRAIN (disk check)" in snap.notes
+    assert set(nodes) == {"n1", "n2", "n3", "n4"}, snap.notes
+    assert nodes["n2"].state == "drain" and "node n2 drain: DRAIN (disk check)" in snap.notes
     # Slurm gave the foreign job the lowest devices: n1 offers the one left
     assert nodes["n1"].num_gpus == 1 and nodes["n1"].gpu_ids == [3]
     jobs = {j.id: j for j in snap.jobs}
@@ -56,6 +56,7 @@ def test_snapshot_with_foreign_job_and_drained_node_then_solve(slurm, tmp_path):
     for jd in decision.jobs:
         for nid, gpus in jd.placement.items():
             assert nid in nodes and all(g < nodes[nid].num_gpus for g in gpus)
+            assert nid != "n2", f"new work on the drained node: {jd}"
 
 
 def _start(job_id: str, gpu: str, placement: dict[str, list[int]]) -> JobDecision:

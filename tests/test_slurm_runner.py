@@ -1,6 +1,7 @@
 """The Slurm backend against a real Slurm (fixture `slurm`, tests/slurm_cluster.py): a 2-node job
 as one heterogeneous sbatch, reshaped to the other GPU type with the loss continuing; a node drained
-under a job -> the job re-planned elsewhere from its checkpoint by the live loop; a generation left
+under a job -> the job keeps running there; a node set DOWN under a job -> the job re-planned
+elsewhere from its checkpoint by the live loop; a generation left
 pending by Slurm is reported pending. Tiny models on CPU (gloo)."""
 
 from __future__ import annotations
@@ -91,42 +92,59 @@ def test_pending_generation_is_reported_pending(slurm, tmp_path):
         r.shutdown()
 
 
-def test_live_loop_drained_node_replans_from_checkpoint(slurm, tmp_path):
+def _live_run_with_node_event(slurm, tmp_path, *states: str):
+    """One job on the Slurm runner; once it has run a few steps, its node is set to each of `states`."""
     from arena_opt.policies import make_policy
     from arena_opt.snapshot import ClusterSnapshot
     from arena_opt.trace import TraceJob
     from runners.live import LiveLoop, LiveOptions
 
-    r = SlurmRunner(tmp_path / "work", device="cpu", tag="t3", ckpt_interval=2)
+    r = SlurmRunner(tmp_path / "work", device="cpu", tag=f"t{states[0][:2].lower()}", ckpt_interval=2)
     cluster = ClusterSnapshot(nodes=r.cluster_nodes())
     trace = [TraceJob(id="d", submit_time=0, model="gpt-350M", batch_size=4, iterations=30, num_gpus=1)]
     opts = LiveOptions(interval_s=3, time_scale=1, iter_scale=1, batch_divisor=1, step_delay_s=0.3, duration_s=100)
     loop = LiveLoop(cluster, trace, r, make_policy("fcfs"), opts, tmp_path / "out", log=lambda s: None)
-    drained: list[str] = []
+    hit: list[str] = []
 
-    def drain_when_running():
-        while not drained:
+    def act_when_running():
+        while not hit:
             o = loop.jobs["d"].last_obs
             if o is not None and o.state == "running" and o.step >= 4 and o.placement:
                 node = next(iter(o.placement))
-                slurm.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=test drain")
-                drained.append(node)
+                for state in states:
+                    slurm.run("scontrol", "update", f"NodeName={node}", f"State={state}", f"Reason=test {state}")
+                hit.append(node)
             time.sleep(0.2)
 
     import threading
 
-    th = threading.Thread(target=drain_when_running, daemon=True)
+    th = threading.Thread(target=act_when_running, daemon=True)
     th.start()
     res = loop.run()
-    drained.append("stop")
-    assert drained[0] != "stop", "never drained"
+    hit.append("stop")
+    assert hit[0] != "stop", f"never set {states}"
     rec = {j["id"]: j for j in res.jobs}["d"]
     assert rec["status"] == "done", rec
-    events = r.events("d")
-    starts = [e for e in events if e["event"] == "start"]
-    assert len(starts) == 2 and starts[1]["step"] > 0, "resumed from its checkpoint, not from scratch"
-    logs = r.jobs["d"].log_paths
-    assert drained[0] not in logs[0], (drained[0], logs)
+    return r, hit[0]
+
+
+def test_live_loop_drained_node_keeps_its_job(slurm, tmp_path):
+    # Slurm's DRAIN lets running jobs finish: the job keeps its GPUs, no restart, no lost step
+    r, node = _live_run_with_node_event(slurm, tmp_path, "DRAIN")
+    starts = [e for e in r.events("d") if e["event"] == "start"]
+    assert len(starts) == 1, starts
+    assert node in r.jobs["d"].log_paths[0]
+
+
+def test_live_loop_down_node_replans_from_checkpoint(slurm, tmp_path):
+    # a DOWN node kills its jobs: re-planned elsewhere, resumed from the last checkpoint, not from scratch.
+    # The test cluster returns a DOWN node to service as soon as its slurmd registers again
+    # (ReturnToService=2), so DRAIN keeps it out, as an operator taking a failed node out would.
+    r, node = _live_run_with_node_event(slurm, tmp_path, "DOWN", "DRAIN")
+    starts = [e for e in r.events("d") if e["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["step"] > 0, starts
+    logs = r.jobs["d"].log_paths  # the last generation's
+    assert node not in logs[0], (node, logs)
 
 
 def test_cli_run_backend_slurm(slurm, tmp_path):

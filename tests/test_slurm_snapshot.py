@@ -40,9 +40,11 @@ DIALECTS = [("sinfo-22.05.json", "squeue-22.05.json"), ("scontrol-nodes-24.05.js
 def test_recorded_22_05_snapshot():
     snap = snapshot_of(*DIALECTS[0])
     nodes = {n.id: n for n in snap.nodes}
-    # n2 is drained: no capacity, named in the notes
-    assert set(nodes) == {"n1", "n3", "n4"}
-    assert any("n2" in n and "DRAIN" in n for n in snap.notes)
+    # n2 is drained: listed with state drain (nothing new starts there), named in the notes
+    assert set(nodes) == {"n1", "n2", "n3", "n4"}
+    assert nodes["n2"].state == "drain" and nodes["n2"].usable_gpus() == []
+    assert {n.state for k, n in nodes.items() if k != "n2"} == {"available"}
+    assert "node n2 drain: DRAIN (maintenance test)" in snap.notes
     # the foreign job holds devices 0-1 of n1: the node offers its devices 2 and 3 only
     assert nodes["n1"].num_gpus == 2 and nodes["n1"].gpu_ids == [2, 3]
     assert (nodes["n1"].gpu_type, nodes["n1"].rack, nodes["n1"].intra_link) == ("a100-40gb", "r1", "pcie")
@@ -163,7 +165,7 @@ def test_cli_snapshot_then_solve(tmp_path, monkeypatch, capsys, scontrol, squeue
     assert main(["slurm", "snapshot", "-o", str(out)]) == 0
     snap = ClusterSnapshot.model_validate_json(out.read_text())
     assert snap == snapshot_of(*DIALECTS[0]).model_copy(update={"time": snap.time})
-    assert "node n2 left out" in capsys.readouterr().out
+    assert "node n2 drain: DRAIN" in capsys.readouterr().out
     assert main(["solve", str(out), "--time-limit", "5", "-o", str(tmp_path / "d.json")]) == 0
 
 
@@ -173,3 +175,37 @@ def test_cli_malformed_squeue_exits_2(tmp_path, monkeypatch, capsys):
     assert main(["slurm", "snapshot"]) == 2
     err = capsys.readouterr().err
     assert "`squeue --json`: jobs[0]" in err and "field job_id" in err and "Traceback" not in err
+
+
+def _with_node_states(states: dict[str, tuple[str, list[str], str]]) -> ClusterSnapshot:
+    """The recorded 22.05 snapshot with some nodes' (state, state_flags, reason) replaced."""
+    raw = json.loads(_read(DIALECTS[0][0]))
+    for n in raw["nodes"]:
+        if n["name"] in states:
+            n["state"], n["state_flags"], n["reason"] = states[n["name"]]
+    return build_snapshot(parse_nodes(json.dumps(raw), "nodes"), parse_jobs(_read(DIALECTS[0][1]), "squeue --json"),
+                          GpuMap({}), now=NOW).snapshot
+
+
+@pytest.mark.parametrize("policy", ["arena", "fcfs", "gavel", "sia", "elasticflow", "arena-greedy"])
+def test_down_node_loses_its_job_and_drained_node_keeps_its_own(policy):
+    # n3 (half of job 7's GPUs) goes down; n1 (job 4 on one of its two offered GPUs) is draining
+    snap = _with_node_states({"n3": ("down", ["NOT_RESPONDING"], "Not responding"),
+                              "n1": ("mixed", ["DRAIN"], "kernel update")})
+    nodes = {n.id: n for n in snap.nodes}
+    assert (nodes["n3"].state, nodes["n1"].state, nodes["n4"].state) == ("down", "drain", "available")
+    assert "node n3 down: DOWN+NOT_RESPONDING (Not responding)" in snap.notes
+    assert "node n1 drain: DRAIN (kernel update)" in snap.notes
+    # job 7 still shows where Slurm had it: the policy, not the adapter, re-plans it, with the reason
+    assert {j.id: j for j in snap.jobs}["7"].running.placement == {"n3": [0, 1, 2, 3], "n4": [0, 1, 2, 3]}
+    decision = make_policy(policy, {"time_limit_s": 5} if policy == "arena" else None).decide(snap)
+    check_decision(snap, decision)
+    by_job = decision.by_job()
+    j7 = by_job["7"]
+    assert j7.action in ("migrate", "reshape", "preempt") and "node n3 is down" in j7.reason, j7
+    assert "n3" not in j7.placement
+    # nothing new anywhere on n3 or n1: only job 4 may stay on the GPU it holds
+    for jd in decision.jobs:
+        assert "n3" not in jd.placement, jd
+        if "n1" in jd.placement:
+            assert jd.job_id == "4" and jd.placement["n1"] == [0] and jd.action == "keep", jd

@@ -20,7 +20,7 @@ import numpy as np
 
 from arena_opt.grids import Grid, pools
 from arena_opt.milp.options import ArenaOptions
-from arena_opt.reasons import no_grid_reason
+from arena_opt.reasons import no_grid_reason, pool_totals
 from arena_opt.snapshot import ClusterSnapshot
 
 
@@ -136,7 +136,8 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
     gneed, gweight = makespan_targets(jobs, g, rem_samples, base, pool_map, opts)
     pinfo = pool_occupancy(snapshot, pool_map)
     units = np.array([x.node_units(pinfo[x.pool].gpus_per_node) for x in g.flat], dtype=int)
-    reasons = {j.id: no_grid_reason(j, snapshot) for j in jobs if not grids.get(j.id)}
+    totals = pool_totals(snapshot)
+    reasons = {j.id: no_grid_reason(j, snapshot, totals) for j in jobs if not grids.get(j.id)}
     return ClusterProblem(
         job_ids=[j.id for j in jobs], grids=g.flat, job_of=g.job_of, value=value, units=units,
         pool_of=[x.pool for x in g.flat], current=g.current, throughput=g.tput, pools=pinfo,

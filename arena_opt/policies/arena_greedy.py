@@ -51,7 +51,7 @@ class ArenaGreedyPolicy(PackedPolicy):
         for job in fifo([j for j in snapshot.jobs if j.id not in alloc]):
             target = self.requested(job)
             if target is None:
-                reasons[job.id] = "no feasible grid on this cluster"
+                reasons[job.id] = self.no_grid(job)
                 continue
             t = target.shape.gpu_type
             grid = self._fit(pack, job.id, target)

@@ -16,6 +16,7 @@ from arena_opt.grids import Grid, GridCatalog, Pool
 from arena_opt.occupancy import Occupancy, Placement
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.policies.base import GridPolicy, build_decision
+from arena_opt.reasons import no_grid_reason, pool_totals
 from arena_opt.milp.options import PolicyOptions
 from arena_opt.snapshot import ClusterSnapshot, Job
 
@@ -30,6 +31,7 @@ class PackedPolicy(GridPolicy):
         self.reconfig = self.options.reconfig
         self._snapshot: ClusterSnapshot | None = None
         self._occupancy: Occupancy | None = None  # this round's (start_state), with its contention
+        self._totals: tuple[ClusterSnapshot, dict[str, int]] | None = None  # GPUs per type, for reasons
 
     @property
     def catalog(self) -> GridCatalog:
@@ -58,6 +60,12 @@ class PackedPolicy(GridPolicy):
     def requested(self, job: Job) -> Grid | None:
         """The user's request as a grid (`grids.requested_grid`)."""
         return self.catalog.requested(job, self._snapshot)
+
+    def no_grid(self, job: Job) -> str:
+        """Why `job` has no grid on this round's cluster, by its true cause (arena_opt/reasons.py)."""
+        if self._totals is None or self._totals[0] is not self._snapshot:
+            self._totals = (self._snapshot, pool_totals(self._snapshot))
+        return no_grid_reason(job, self._snapshot, self._totals[1])
 
     @abstractmethod
     def plan(self, snapshot: ClusterSnapshot) -> tuple[dict[str, Grid], dict[str, Placement], dict[str, str],

@@ -55,7 +55,7 @@ class ElasticFlowPolicy(PackedPolicy):
             else:
                 g = self.requested(job)
                 if g is None:
-                    reasons[job.id] = "no feasible grid on this cluster"
+                    reasons[job.id] = self.no_grid(job)
                     continue
                 t = g.shape.gpu_type
             ladder = ladders[job.id] = self.catalog.derived(job, snapshot, ("type", t), lambda opts: sorted(

@@ -24,7 +24,7 @@ class FCFSPolicy(PackedPolicy):
                 continue
             g = self.requested(job)
             if g is None:
-                reasons[job.id] = "no feasible grid on this cluster"
+                reasons[job.id] = self.no_grid(job)
                 continue
             t = g.shape.gpu_type
             if t in blocked:

@@ -50,7 +50,10 @@ class GavelPolicy(PackedPolicy):
                 # (newcomers only take free GPUs) and the migration cap make rare
                 cands = [cur] + [g for g in cands if g.shape.gpu_type != cur.shape.gpu_type
                                  and g.throughput > cur.throughput]
-            return cands, cands, ("no feasible grid at its GPU count", f"{n} GPUs of no type are free")
+            if not cands:
+                why = self.no_grid(job) if not opts else "no feasible grid at its GPU count"
+                return cands, cands, (why, "")
+            return cands, cands, ("", f"{n} GPUs of no type are free")
 
         admitted, tentative, reasons = admit_fifo(snapshot, pack, current, offers)
         chosen, stats = self._types(snapshot, admitted, current, tentative)

@@ -48,7 +48,7 @@ class SiaPolicy(PackedPolicy):
                 return [cur] + [g for g in opts if (g.shape.gpu_type, g.num_gpus) != (cur.shape.gpu_type, cur.num_gpus)], [], ()
             smallest = sorted(opts, key=lambda g: (g.num_gpus, -g.throughput))
             tries = [g for g in smallest if g.num_gpus == smallest[0].num_gpus]
-            return opts, tries, ("no feasible grid on this cluster",
+            return opts, tries, (self.no_grid(job) if not opts else "",
                                  f"its smallest configuration ({smallest[0].num_gpus if opts else 0} GPUs) is not free")
 
         admitted, tentative, reasons = admit_fifo(snapshot, pack, current, offers)

@@ -162,9 +162,9 @@ def cmd_bound(args) -> int:
 
 
 def _bound_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--epsilon", type=float, default=0.5,
+    p.add_argument("--epsilon", type=positive_float, default=0.5,
                    help="LP time blocks at most this times the job's age (smaller: tighter, larger LP; default 0.5)")
-    p.add_argument("--bound-time-limit", type=float, default=900.0,
+    p.add_argument("--bound-time-limit", type=positive_float, default=900.0,
                    help="seconds for the LP (a valid but weaker bound comes back at the limit; default 900)")
     p.add_argument("--bound-method", default="full", choices=["colgen", "full"],
                    help="every LP column at once, by HiGHS's interior point (default), or column generation")

@@ -1,8 +1,10 @@
 """A ClusterSnapshot from what Slurm reports (parsed by arena_opt.slurm.jsonfmt).
 
-Capacity: every node with typed GPU GRES whose state is usable. DOWN, DRAIN(ED/ING), FAIL, MAINT,
-NOT_RESPONDING (and powered-down, future, unknown) nodes are left out and named in
-`snapshot.notes`.
+Capacity: every node with typed GPU GRES. Slurm's node state maps onto `Node.state` (named in
+`snapshot.notes` with Slurm's reason): DRAIN / DRAINING / DRAINED -> `drain` (its running jobs keep
+running until moved, nothing new starts there, as Slurm itself does); DOWN, FAIL, NOT_RESPONDING, MAINT
+and the powered-down, future, unknown, rebooting states -> `down` (offers nothing; a job placed on it is
+lost and re-planned from its last checkpoint, with that reason).
 
 Fixed occupants: GPUs held by jobs without arena metadata (arena_opt.slurm.meta) are not offered:
 the node's `num_gpus` counts its other GPUs and `Node.gpu_ids` maps the snapshot's GPU indices to
@@ -35,6 +37,7 @@ from arena_opt.snapshot import ClusterSnapshot, Job, Node, RunningState
 UNAVAILABLE = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "MAINT", "NOT_RESPONDING",
                          "NO_RESPOND", "POWERED_DOWN", "POWER_DOWN", "POWERING_DOWN", "FUTURE", "UNKNOWN",
                          "INVALID_REG", "REBOOT_ISSUED"})
+DRAINING = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 HOLDING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED", "RESIZING", "SIGNALING",
                      "STAGE_OUT"})
 HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
@@ -149,11 +152,10 @@ def build_snapshot(nodes: list[SlurmNode], jobs: list[SlurmJob], gpu_map: GpuMap
             no_gpu += 1
             continue
         bad = sorted(sn.all_states & UNAVAILABLE)
+        state = "available" if not bad else ("drain" if set(bad) <= DRAINING else "down")
         if bad:
             why = "+".join(bad) + (f" ({sn.reason})" if sn.reason else "")
-            left_out[sn.name] = why
-            notes.append(f"node {sn.name} left out: {why}")
-            continue
+            notes.append(f"node {sn.name} {state}: {why}")
         if len({g.type for g in gpus}) > 1:
             why = f"GPUs of several types ({sn.gres}); one type per node is supported"
             left_out[sn.name] = why
@@ -176,7 +178,7 @@ def build_snapshot(nodes: list[SlurmNode], jobs: list[SlurmJob], gpu_map: GpuMap
         rack = next((m["rack"] for f in sn.features if (m := RACK_FEATURE.match(f))), None)
         link = "nvlink" if "nvlink" in sn.features else ("pcie" if "pcie" in sn.features else None)
         out_nodes.append(Node(id=sn.name, gpu_type=gpu_type, num_gpus=len(free_ids), rack=rack, intra_link=link,
-                              gpu_ids=None if len(free_ids) == total else free_ids))
+                              gpu_ids=None if len(free_ids) == total else free_ids, state=state))
         offered[sn.name] = sn
         gres_type[sn.name] = gpus[0].type or ""
     if no_gpu:
