@@ -1,12 +1,8 @@
-"""Shared pieces of the estimator benches: machine description, error statistics, report writing."""
+"""Shared pieces of the benches: error statistics, tables, report writing (with _provenance's record)."""
 
 from __future__ import annotations
 
 import csv
-import os
-import platform
-import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,39 +10,11 @@ import numpy as np
 
 from arena_opt.gpus import canonical_gpu
 from models.catalog import arena_model_name
-from arena_opt.io import atomic_write, write_json  # noqa: E402
+import _provenance
+from _provenance import write_result
 
-
-def machine() -> dict:
-    info = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            models = {ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")}
-        if models:
-            info["cpu_model"] = ", ".join(sorted(models))
-    except OSError:
-        pass
-    try:
-        import torch  # noqa: PLC0415 - optional, only for the torch version in reports
-
-        info["torch"] = torch.__version__
-        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        pass
-    return info
-
-
-def command() -> str:
-    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
-
-
-def git_rev() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+# the benches take these from here; _provenance holds the one implementation
+command, git_rev, machine = _provenance.command, _provenance.git_rev, _provenance.machine
 
 
 def err_stats(rel: list[float] | np.ndarray) -> dict:
@@ -63,12 +31,13 @@ def fmt_pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def write(out_dir: Path, stem: str, payload: dict, markdown: str) -> tuple[Path, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    jp, mp = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
-    write_json(jp, payload, default=float)
-    atomic_write(mp, markdown)
-    return jp, mp
+def write(out_dir: Path, stem: str, payload: dict, markdown: str, written: list[Path] = (),
+          inputs: list = ()) -> tuple[Path, Path]:
+    """stem.json and stem.md with their provenance (_provenance.write_result); `written`: other files the
+    bench wrote, `inputs`: repository files it read (another bench's result)."""
+    jp = Path(out_dir) / f"{stem}.json"
+    write_result(jp, payload, markdown, written, inputs, default=float)
+    return jp, jp.with_suffix(".md")
 
 
 def md_table(header: list[str], rows: list[list]) -> str:

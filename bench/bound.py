@@ -190,7 +190,8 @@ def main(argv=None) -> int:
                f"{t['ratio_min']:.3f}; exact on {t['exact']}; above the optimum on {t['violations']}. With the "
                f"hull reduction: mean {t['ratio_hull_mean']:.3f}. Contention-free / optimum: mean "
                f"{t['contention_free_ratio_mean']:.3f}.\n"]
-    write(Path(args.out), args.name, payload, "\n".join(md) + "\n")
+    inputs = [ROOT / "bench/results/simulate.json"] if payload.get("philly") else []  # the policies' JCTs
+    write(Path(args.out), args.name, payload, "\n".join(md) + "\n", inputs=inputs)
     print("\n".join(md))
     return 0
 

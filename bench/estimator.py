@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                "uncalibrated": uncal, "arena_own_estimator": arena_ref, "calibrated_params": full.params.model_dump(),
                "fold_params": fold_params, "predictions": rows}
     md = render(payload)
-    jp, mp = write(args.out, "estimator", payload, md)
+    jp, mp = write(args.out, "estimator", payload, md, written=[args.out / "calibrated_params.json"])
     print(md)
     log(f"wrote {jp} and {mp}")
     return 0

@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     pdb.save(db, args.out / "estimator_accuracy_profiles.json")
     md = render(payload)
-    jp, mp = write(args.out, "estimator_accuracy", payload, md)
+    jp, mp = write(args.out, "estimator_accuracy", payload, md,
+                   written=[args.out / "estimator_accuracy_profiles.json"])
     print(md)
     log(f"wrote {jp} and {mp}")
     return 0

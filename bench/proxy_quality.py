@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                             "our_plan_not_estimated_by_arena": missing},
     }
     md = render(payload)
-    jp, mp = write(args.out, "proxy_quality", payload, md)
+    jp, mp = write(args.out, "proxy_quality", payload, md, inputs=[args.params])
     print(md)
     print(f"wrote {jp} and {mp}", file=sys.stderr)
     return 0

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                  [[r["arch"], r["world"], r["plan"], f"{r['old_s']:.3f}", f"{r['new_s']:.3f}", fmt_pct(r["rel_diff"]),
                    f"{r['old_estimate_s']:.3f}", f"{r['new_estimate_s']:.3f}", fmt_pct(r["rel_diff_estimate"])]
                   for r in rows])])
-    write(args.out, "repeatability", payload, md)
+    write(args.out, "repeatability", payload, md, inputs=[args.old, args.new])
     print(md)
     return 0
 

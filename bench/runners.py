@@ -35,8 +35,8 @@ from runners.local import LocalRunner  # noqa: E402
 from runners.process import kill_all  # noqa: E402
 from runners.spec import DEFAULT_CKPT_EVERY_S, Scale  # noqa: E402
 from runners import checkpoint as ck  # noqa: E402
-from arena_opt.io import atomic_write, write_json  # noqa: E402
-from bench._perf_common import command, git_rev, machine  # noqa: E402
+from arena_opt.io import write_json  # noqa: E402
+from _provenance import command, git_rev, machine, write_result  # noqa: E402
 
 PLANS = {
     "dp1": Plan(), "dp2": Plan(dp=2), "tp2": Plan(tp=2), "pp2": Plan(pp=2, num_microbatches=2),
@@ -275,9 +275,7 @@ def main() -> int:
             "model": args.model, "full": args.full, "batch": args.batch, "load_avg_1m": os.getloadavg()[0]}
     payload = {**meta, "plans": rows, "reshapes": reshapes, "faults": faults, "ckpt_cost": cost}
     if args.out_dir:
-        out = Path(args.out_dir) / "runners.json"
-        write_json(out, payload)
-        atomic_write(out.with_suffix(".md"), _fault_markdown(meta, faults, cost))
+        write_result(Path(args.out_dir) / "runners.json", payload, _fault_markdown(meta, faults, cost))
     else:
         out = Path(args.out)
         write_json(out, payload)

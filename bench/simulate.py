@@ -23,7 +23,7 @@ from pathlib import Path
 from _perf_common import philly_config
 from arena_opt.sim.bench import parse_policies, run_bench
 from arena_opt.sim.results import markdown_table
-from arena_opt.io import atomic_write, write_json  # noqa: E402
+from _provenance import write_result
 
 # Artifact's own simulator on this setup, 500 rounds (finished jobs, avg JCT of finished jobs in s,
 # avg throughput in samples/s over rounds with > 100), as given in issue 3
@@ -107,10 +107,7 @@ def main(argv=None) -> int:
                 label = "Arena (its greedy)" if p == "arena-greedy" else p
                 md.append(f"| {label} | {f} / {j:,} / {t:,} | {mine} |")
             md.append("")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / f"{args.name}.json", report)
-    atomic_write(out / f"{args.name}.md", "\n".join(md) + "\n")
+    write_result(Path(args.out) / f"{args.name}.json", report, "\n".join(md) + "\n")
     print("\n".join(md))
     return 0 if not any(m["failed"] for m in report["modes"].values()) else 1
 

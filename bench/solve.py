@@ -9,7 +9,6 @@ round (as a running scheduler has), then times `rounds` rounds. Writes solve.jso
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
@@ -21,7 +20,7 @@ from arena_opt.instances import ARENA_CLUSTER, generate_snapshot
 from arena_opt.milp.options import ArenaOptions
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.policies.arena import ArenaPolicy
-from arena_opt.io import atomic_write, write_json
+from _provenance import machine, write_result
 
 
 def scaled(factor: int) -> dict[str, tuple[int, int]]:
@@ -31,13 +30,6 @@ def scaled(factor: int) -> dict[str, tuple[int, int]]:
 CASES = [  # (jobs, cluster scale: 1 = 1,280 GPUs, 8 = 10,240 GPUs)
     (50, 1), (150, 1), (1000, 1), (1000, 8), (2000, 8)]
 SHARDS = [1, 4, 8]
-
-
-def machine() -> dict:
-    import os
-
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine()}
 
 
 def run_case(jobs: int, scale: int, shards: int, rounds: int, est: PerfEstimator, time_limit: float) -> dict:
@@ -89,7 +81,6 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(),
             "time_limit_s": args.time_limit, "mip_gap": ArenaOptions().mip_gap}
-    write_json(out / "solve.json", {"meta": meta, "rows": rows})
     lines = [f"# Per-round solve time\n\nCommand: `{meta['command']}`  \nMachine: {meta['machine']}  \n"
              f"Time limit {args.time_limit} s, gap {meta['mip_gap']}, HiGHS 1 thread.\n",
              "| jobs | GPUs | shards | grids | first round s | median round s | max round s | build s | solve s | "
@@ -100,7 +91,7 @@ def main(argv=None) -> int:
         lines.append(f"| {r['jobs']} | {r['gpus']} | {r['shards']} | {r['grids']} | {r['first_round_s']:.2f} | "
                      f"{r['median_round_s']:.2f} | {r['max_round_s']:.2f} | {r['median_build_s']:.2f} | "
                      f"{r['median_solve_s']:.2f} | {r['status']} | {r['objective']:.2f} | {gap} | {vs} |")
-    atomic_write(out / "solve.md", "\n".join(lines) + "\n")
+    write_result(out / "solve.json", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -24,22 +23,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from arena_opt.io import atomic_write, write_json
+from _provenance import git_rev, machine, write_result
 
 DEFAULT = ["instances/medium.json", "instances/large.json"]
-
-
-def machine() -> dict:
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine()}
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def one_call(snapshot: str, cache: str, time_limit: float) -> dict:
@@ -80,11 +66,10 @@ def main(argv=None) -> int:
             for kind, r in (("cold", cold), ("warm", warm)):
                 rows.append({"snapshot": snap, "kind": kind, **jobs_gpus, **r})
     # peak_rss_mib is the largest child so far (rusage of children is a running maximum)
-    meta = {"command": " ".join(["python", *sys.argv]), "machine": machine(), "commit": commit(),
+    meta = {"command": " ".join(["python", *sys.argv]), "machine": machine(), "commit": git_rev(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "time_limit_s": args.time_limit}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "speed.json", {"meta": meta, "rows": rows})
     lines = [f"# Round wall time, cold and warm\n\nCommand: `{meta['command']}`  \nMachine: {meta['machine']}  \n"
              f"Commit {meta['commit']}, {meta['date']}, time limit {args.time_limit} s.\n",
              "| snapshot | jobs | GPUs | grids | plans | call wall s | CPU s | load | round s | grids+plans s | "
@@ -93,7 +78,8 @@ def main(argv=None) -> int:
         lines.append(f"| {r['snapshot']} | {r['jobs']} | {r['gpus']} | {r['grids']} | {r['kind']} | {r['wall_s']:.2f} | "
                      f"{r['cpu_s']:.2f} | {r['load_1min']:.1f} | {r['round_s']:.2f} | {r['grids_s']:.2f} | "
                      f"{r['solve_s']:.2f} | {r['status']} | {r['fallback']} | {r['peak_rss_mib']:.0f} |")
-    atomic_write(out / "speed.md", "\n".join(lines) + "\n")
+    write_result(out / "speed.json", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n",
+                 inputs=args.snapshots)
     print("\n".join(lines))
     return 0
 

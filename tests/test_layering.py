@@ -26,13 +26,13 @@ files fails as well. There is no list of exceptions: move the code instead.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from arena_opt.sourcetree import PACKAGES, Edge, imports, module_name, sources
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("arena_opt", "models", "runners")
 RANK = {"models": 0, "core": 1, "sim": 2, "runners": 2, "profiling": 3, "cli": 4}
 ORDER = "models -> core -> sim | runners -> profiling -> cli"
 
@@ -59,75 +59,9 @@ def allowed(importer: str, imported: str) -> bool:
     return a == b or RANK[a] > RANK[b]
 
 
-@dataclass(frozen=True)
-class Edge:
-    importer: str
-    imported: str
-    path: str  # the importer's file, relative to the root
-    line: int
-
-    def __str__(self) -> str:
-        return (f"{self.path}:{self.line}: {self.importer} ({layer_of(self.importer)}) imports "
-                f"{self.imported} ({layer_of(self.imported)})")
-
-
-def module_name(path: str) -> str:
-    parts = list(Path(path).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def imports(path: str, source: str, modules: set[str]) -> tuple[list[Edge], list[str]]:
-    """Edges from one file to the tree's modules, and the imports of the tree's packages that name
-    no module file (a stale import after a move, even one inside a function that no test runs)."""
-    me = module_name(path)
-    package = me if path.endswith("__init__.py") else me.rpartition(".")[0]
-    edges: list[Edge] = []
-    missing: list[str] = []
-
-    def ours(name: str) -> bool:
-        return name.split(".")[0] in PACKAGES
-
-    def deepest(name: str) -> str | None:
-        parts = name.split(".")
-        while parts and ".".join(parts) not in modules:
-            parts.pop()
-        return ".".join(parts) or None
-
-    def add(target: str, line: int, *, exact: bool) -> None:
-        found = target if target in modules else (None if exact else deepest(target))
-        if found is None:
-            missing.append(f"{path}:{line}: {me} imports {target}, which is no module of the tree")
-        elif found != me and Edge(me, found, path, line) not in edges:  # one per line: `from m import a, b`
-            edges.append(Edge(me, found, path, line))
-
-    for node in ast.walk(ast.parse(source, filename=path)):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if ours(alias.name):
-                    add(alias.name, node.lineno, exact=True)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                if node.level > 1:
-                    base = base[:-(node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if not ours(target):
-                continue
-            if target not in modules:
-                add(target, node.lineno, exact=True)
-                continue
-            for alias in node.names:
-                sub = f"{target}.{alias.name}"
-                add(sub if sub in modules else target, node.lineno, exact=True)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            name = node.value.split(":")[0]
-            if "." in name and ours(name) and name in modules:
-                add(name, node.lineno, exact=True)
-    return edges, missing
+def describe(e: Edge) -> str:
+    return (f"{e.path}:{e.line}: {e.importer} ({layer_of(e.importer)}) imports "
+            f"{e.imported} ({layer_of(e.imported)})")
 
 
 def cycles(edges: list[Edge]) -> list[list[Edge]]:
@@ -203,7 +137,7 @@ def check(sources: dict[str, str]) -> list[str]:
         problems += missing
     for e in edges:
         if not allowed(e.importer, e.imported):
-            problems.append(f"{e}: against the order {ORDER}")
+            problems.append(f"{describe(e)}: against the order {ORDER}")
     for m in sorted(modules):
         parts = m.split(".")
         for i in range(1, len(parts)):
@@ -219,8 +153,7 @@ def check(sources: dict[str, str]) -> list[str]:
 
 
 def tree_sources() -> dict[str, str]:
-    return {p.relative_to(ROOT).as_posix(): p.read_text()
-            for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+    return sources(ROOT)
 
 
 def test_imports_follow_the_order_and_form_no_cycle():
