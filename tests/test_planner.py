@@ -5,8 +5,9 @@ import pytest
 
 from arena_opt.gpus import BUILTIN_GPUS
 from arena_opt.milp.stage_split import solve_split
-from arena_opt.perf.compose import LayerCosts, evaluate_split, split_stages
-from arena_opt.perf.planner import Planner
+from arena_opt.perf.analytical import GIB, cost_table, layer_costs, layer_terms, links_for
+from arena_opt.perf.compose import LayerCosts, evaluate_split, split_many, split_stages, stack
+from arena_opt.perf.planner import Planner, microbatch_counts, tp_degrees
 from models import get_arch
 
 
@@ -110,3 +111,176 @@ def test_plan_cache_round_trip(tmp_path):
     c = Planner(CostParams(default_compute_eff=0.1))
     c.load_cache(tmp_path / "plans.json")
     assert c._disk == {}
+
+
+# --- the stacked stage-split DP (compose.split_many) and stacked cost terms against references: brute
+# force, the plain full-matrix DP (its tie-break), scalar layer_terms, the former one-candidate planner loop
+FIELDS = ("step_s", "p2p_s", "allreduce_s", "optim_s", "static_bytes", "act_bytes", "peak_bytes")
+
+
+def random_stack(rng, c, n, integers=False):
+    def draw(lo, hi):
+        x = rng.uniform(lo, hi, (c, n))
+        return np.round(x * 4) if integers else x  # small integers: many exactly equal splits
+
+    peak = draw(0, 2) * (rng.random((c, n)) < 0.3)
+    return LayerCosts(draw(0.1, 1.0), draw(0, 0.2), draw(0, 0.3), draw(0, 0.05), draw(1, 4), draw(0.1, 1),
+                      peak, stage_s=rng.uniform(0, 0.1, c))
+
+
+def row(lc, i):
+    return LayerCosts(*(getattr(lc, f)[i] for f in FIELDS), stage_s=float(lc.stage_s[i]))
+
+
+def full_dp(lc, pp, m, cap):
+    """The min-max DP over every (j, i) with the first minimising j, one candidate, plain loops."""
+    n = lc.num_layers
+    inf = float("inf")
+
+    def cost_mem(k, j, i):
+        t = sum(lc.step_s[j:i]) + (lc.p2p_s[i - 1] if k < pp - 1 else 0.0)
+        cost = (m + pp - 1) * t + sum(lc.allreduce_s[j:i]) + sum(lc.optim_s[j:i]) + lc.stage_s
+        mem = sum(lc.static_bytes[j:i]) + min(m, pp - k) * sum(lc.act_bytes[j:i]) + max(0.0, max(lc.peak_bytes[j:i]))
+        return cost, mem
+
+    f = [inf] * (n + 1)
+    for i in range(1, n + 1):
+        cost, mem = cost_mem(0, 0, i)
+        f[i] = cost if mem <= cap else inf
+    choice = {}
+    for k in range(1, pp):
+        g, arg = [inf] * (n + 1), [0] * (n + 1)
+        for i in range(1, n + 1):
+            for j in range(i):
+                cost, mem = cost_mem(k, j, i)
+                v = max(f[j], cost if mem <= cap else inf)
+                if v < g[i]:
+                    g[i], arg[i] = v, j
+        f, choice[k] = g, arg
+    if f[n] == inf:
+        return None
+    b = [n]
+    for k in range(pp - 1, 0, -1):
+        b.append(choice[k][b[-1]])
+    b.append(0)
+    return f[n], b[::-1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_split_many_equals_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    c, n = int(rng.integers(1, 6)), int(rng.integers(2, 9))
+    pp = int(rng.integers(1, min(n, 5) + 1))
+    m = rng.choice([1, 2, 4, 8], c)  # one micro-batch count per candidate
+    lc = random_stack(rng, c, n)
+    cap = float(rng.uniform(3, 25))  # some candidates fit, some do not
+    res = split_many(lc, pp, m, cap)
+    for i in range(c):
+        bf = brute_force(row(lc, i), pp, int(m[i]), cap)
+        assert bool(res.feasible[i]) == (bf is not None)
+        if bf is None:
+            continue
+        got = res.split(i)
+        assert got.iter_time_s == pytest.approx(bf.iter_time_s, rel=1e-12)
+        again = evaluate_split(row(lc, i), got.stages, int(m[i]))
+        assert again.iter_time_s == pytest.approx(got.iter_time_s, rel=1e-12)
+        assert got.mem_bytes == pytest.approx(again.mem_bytes, rel=1e-12)
+        assert max(got.mem_bytes) <= cap
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_split_many_keeps_the_full_dp_tie_break(seed):
+    rng = np.random.default_rng(1000 + seed)
+    c, n = 4, int(rng.integers(3, 10))
+    pp = int(rng.integers(2, min(n, 5) + 1))
+    m = rng.choice([pp, 2 * pp], c)
+    lc = random_stack(rng, c, n, integers=True)
+    cap = float(rng.uniform(10, 40))
+    res = split_many(lc, pp, m, cap)
+    for i in range(c):
+        ref = full_dp(row(lc, i), pp, int(m[i]), cap)
+        assert bool(res.feasible[i]) == (ref is not None)
+        if ref is not None:
+            assert res.iter_time_s[i] == ref[0]
+            assert list(res.bounds[i]) == ref[1]
+        one = split_stages(row(lc, i), pp, int(m[i]), cap)
+        assert (one is None) == (ref is None)
+        if one is not None:
+            assert [a for a, _ in one.stages] + [n] == ref[1]
+
+
+def test_stack_of_rows_is_the_stack():
+    rng = np.random.default_rng(7)
+    lc = random_stack(rng, 3, 6)
+    again = stack([row(lc, i) for i in range(3)])
+    for f in FIELDS + ("stage_s",):
+        assert np.array_equal(getattr(again, f), getattr(lc, f))
+
+
+@pytest.mark.parametrize("model,gpu,nodes,gpn", [("bert-2.6B", "a40", 2, 2), ("moe-10B", "a100-40gb", 2, 4),
+                                                 ("wide_resnet-2B", "a10", 4, 2), ("gpt-760M", "v100-32gb", 1, 8)])
+def test_stacked_layer_terms_equal_single_ones(model, gpu, nodes, gpn):
+    arch, spec = get_arch(model), BUILTIN_GPUS[gpu]
+    planner = Planner()
+    table = cost_table(arch, planner.params)
+    links = links_for(spec, None, planner.params)
+    cands = [(dp, tp, m, rc) for tp in (1, 2) for dp in (1, 2, 4) for m in (1, 4) for rc in (False, True)]
+    dp, tp, m, rc = (np.array(x) for x in zip(*cands))
+    kw = dict(nodes=nodes, gpus_per_node=gpn, batch=256)
+    many = layer_terms(table, spec, links, dp=dp, tp=tp, m=m, recompute=rc, **kw)
+    many_costs = layer_costs(table, spec, gpu, links, dp=dp, tp=tp, m=m, recompute=rc, params=planner.params, **kw)
+    for i, (d, t, k, r) in enumerate(cands):
+        one = layer_terms(table, spec, links, dp=d, tp=t, m=k, recompute=r, **kw)
+        for f in ("step", "p2p", "allreduce", "optim", "static_bytes", "act_bytes", "peak_bytes"):
+            assert np.array_equal(getattr(many, f)[i], getattr(one, f)), f
+        one_costs = layer_costs(table, spec, gpu, links, dp=d, tp=t, m=k, recompute=r, params=planner.params, **kw)
+        for f in FIELDS:
+            assert np.array_equal(getattr(many_costs, f)[i], getattr(one_costs, f)), f
+
+
+def one_at_a_time(planner, arch, batch, gpu_name, gpu, nodes, gpn, pp):
+    """The planner's loop before the stacked DP: each candidate costed and split on its own, recomputation
+    only where the plain plan does not fit, sorted by (time, memory), Pareto by memory."""
+    n_gpus = nodes * gpn
+    table = cost_table(arch, planner.params)
+    if n_gpus % pp or pp > table.num_layers:
+        return []
+    links = links_for(gpu, None, planner.params)
+    cap = planner.mem_cap_bytes(gpu)
+    found = []
+    for tp in tp_degrees(arch, gpn, n_gpus // pp):
+        dp = n_gpus // (pp * tp)
+        if batch % dp:
+            continue
+        for m in microbatch_counts(batch // dp, pp):
+            for rc in (False, True):
+                lc = layer_costs(table, gpu, gpu_name, links, nodes=nodes, gpus_per_node=gpn, batch=batch, dp=dp,
+                                 tp=tp, m=m, recompute=rc, params=planner.params)
+                res = brute_force(lc, pp, m, cap) if pp <= 3 else split_stages(lc, pp, m, cap)
+                if res is None:
+                    continue
+                found.append((res.iter_time_s, max(res.mem_bytes) / GIB + planner.params.mem_reserve_gib,
+                              (dp, tp, m, rc)))
+                break
+    found.sort(key=lambda r: (r[0], r[1]))
+    pareto, best = [], float("inf")
+    for t, mem, key in found:
+        if mem < best - 1e-9:
+            pareto.append((t, mem, key))
+            best = mem
+    return pareto
+
+
+@pytest.mark.parametrize("model,batch,gpu,nodes,gpn,pp", [
+    ("bert-2.6B", 256, "a40", 2, 2, 2), ("moe-10B", 256, "a100-40gb", 2, 4, 4), ("wide_resnet-2B", 512, "a10", 4, 2, 1),
+    ("bert-6.7B", 128, "v100-32gb", 1, 8, 8), ("gpt-760M", 128, "a10", 3, 2, 3), ("moe-2.4B", 512, "a10", 4, 2, 2)])
+def test_planner_equals_one_candidate_at_a_time(model, batch, gpu, nodes, gpn, pp):
+    planner = Planner()
+    arch, spec = get_arch(model), BUILTIN_GPUS[gpu]
+    got = planner.plan(arch, batch, gpu, spec, None, nodes, gpn, pp).pareto
+    ref = one_at_a_time(planner, arch, batch, gpu, spec, nodes, gpn, pp)
+    assert ref and len(got) == len(ref)
+    for r, (t, mem, (dp, tp, m, rc)) in zip(got, ref):
+        assert (r.plan.dp, r.plan.tp, r.plan.num_microbatches, r.plan.recompute) == (dp, tp, m, rc)
+        assert r.iter_time_s == pytest.approx(t, rel=1e-12)
+        assert r.mem_gib == pytest.approx(mem, rel=1e-12)

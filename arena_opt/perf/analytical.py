@@ -173,9 +173,10 @@ def rate_vector(params: CostParams, gpu_name: str, dtype: str = "fp16", intra_ki
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Per-layer quantities of one micro-batch on one GPU of a tp group (bytes already in the dtype)."""
+    """Per-layer quantities of one micro-batch on one GPU of a tp group (bytes already in the dtype); with
+    arrays of b and tp, one row per candidate."""
 
-    b: float
+    b: np.ndarray  # samples, shaped to broadcast against the layer axis
     flops: np.ndarray  # forward FLOPs
     ew_bytes: np.ndarray  # forward memory traffic: weights + element-wise activation traffic
     tp_bytes: np.ndarray  # bytes of one tp all-reduce set, forward
@@ -185,8 +186,11 @@ class MicroBatch:
     in_act: np.ndarray
 
 
-def micro_batch(table: LayerTable, b: float, tp: int) -> MicroBatch:
-    """Quantities for a micro-batch of b samples on one rank of a tp group."""
+def micro_batch(table: LayerTable, b, tp) -> MicroBatch:
+    """Quantities for a micro-batch of b samples on one rank of a tp group (b, tp: numbers, or arrays of
+    one value per candidate: the results get a leading candidate axis)."""
+    b = np.asarray(b, dtype=float)[..., None]
+    tp = np.asarray(tp)[..., None]
     scale = getattr(table, "bytes_scale", 1.0)
     extra = getattr(table, "extra_flops", None)
     shard_frac = np.where(table.params > 0, table.tp_params / np.maximum(table.params, 1), 1.0)
@@ -202,55 +206,63 @@ def micro_batch(table: LayerTable, b: float, tp: int) -> MicroBatch:
 
 
 def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gpus_per_node: int, batch: int,
-                dp: int, tp: int, m: int, recompute: bool) -> LayerTerms:
-    """Per-layer coefficients for one micro-batch of batch/(dp*m) samples under tp-way sharding."""
+                dp, tp, m, recompute) -> LayerTerms:
+    """Per-layer coefficients for one micro-batch of batch/(dp*m) samples under tp-way sharding.
+
+    dp, tp, m, recompute are numbers (one candidate plan: rates x layers arrays) or equal-length arrays
+    (a stack of candidates: candidates x rates x layers), so the planner prices all of a grid's
+    candidates in one pass; every rule below is written elementwise for that reason."""
+    dp, tp, m = np.asarray(dp), np.asarray(tp), np.asarray(m)
     q = micro_batch(table, batch / (dp * m), tp)
     n = table.num_layers
     V = len(RATE_NAMES)
+    lead = np.broadcast_shapes(dp.shape, tp.shape, m.shape, np.shape(recompute))
+    dp, tp, rc = dp[..., None], tp[..., None], np.asarray(recompute)[..., None]
     peak = peak_flops(gpu, getattr(table, "dtype", "fp16"))
     mbw = gpu.mem_bw_gbs * 1e9
-    passes = 4.0 if recompute else 3.0  # backward = 2 forwards, recomputation one more
+    passes = np.where(rc, 4.0, 3.0)  # backward = 2 forwards, recomputation one more
 
-    step = np.zeros((V, n))
-    step[0] = passes * q.flops / peak
-    step[1] = passes * q.ew_bytes / mbw
-    step[2] = passes
-    step[6] = passes * q.flops / max(q.b, 1e-12) / peak  # one more sample's FLOPs per layer pass
-    if tp > 1:
-        # forward and backward each all-reduce the tp partial sums
-        a, f = 2 * (tp - 1), 2 * (tp - 1) / tp
-        step[3] += 2 * f * q.tp_bytes / links.intra_bw
-        step[5] += 2 * a * links.alpha_intra * (q.tp_bytes > 0)
+    step = np.zeros(lead + (V, n))
+    step[..., 0, :] = passes * q.flops / peak
+    step[..., 1, :] = passes * q.ew_bytes / mbw
+    step[..., 2, :] = passes
+    step[..., 6, :] = passes * q.flops / np.maximum(q.b, 1e-12) / peak  # one more sample's FLOPs per layer pass
+    # forward and backward each all-reduce the tp partial sums (nothing at tp = 1)
+    a, f = 2 * (tp - 1), 2 * (tp - 1) / tp
+    step[..., 3, :] += 2 * f * q.tp_bytes / links.intra_bw
+    step[..., 5, :] += 2 * a * links.alpha_intra * (q.tp_bytes > 0)
 
     # stage boundaries cross nodes once a stage's dp x tp group fills a node
-    p2p_inter = nodes > 1 and dp * tp >= gpus_per_node
-    p2p = np.zeros((V, n))
-    p2p[4 if p2p_inter else 3] = 2 * q.out_bytes / (links.inter_bw if p2p_inter else links.intra_bw)
-    p2p[5] = 2 * (links.alpha_inter if p2p_inter else links.alpha_intra)
+    p2p_inter = (nodes > 1) & (dp * tp >= gpus_per_node)
+    p2p = np.zeros(lead + (V, n))
+    sent = 2 * q.out_bytes / np.where(p2p_inter, links.inter_bw, links.intra_bw)
+    p2p[..., 4, :] = np.where(p2p_inter, sent, 0.0)
+    p2p[..., 3, :] = np.where(p2p_inter, 0.0, sent)
+    p2p[..., 5, :] = 2 * np.where(p2p_inter, links.alpha_inter, links.alpha_intra)
 
-    ar = np.zeros((V, n))
-    if dp > 1:
-        grad_bytes = q.shard_params * BYTES_FP16 * getattr(table, "bytes_scale", 1.0)
-        crosses = nodes > 1 and dp * tp > gpus_per_node
-        bw, alpha = (links.inter_bw, links.alpha_inter) if crosses else (links.intra_bw, links.alpha_intra)
-        ar[4 if crosses else 3] = 2 * (dp - 1) / dp * grad_bytes / bw
-        ar[5] = 2 * (dp - 1) * alpha * (grad_bytes > 0)
+    # dp gradient all-reduce (nothing at dp = 1)
+    ar = np.zeros(lead + (V, n))
+    grad_bytes = q.shard_params * BYTES_FP16 * getattr(table, "bytes_scale", 1.0)
+    crosses = (nodes > 1) & (dp * tp > gpus_per_node)
+    reduced = 2 * (dp - 1) / dp * grad_bytes / np.where(crosses, links.inter_bw, links.intra_bw)
+    ar[..., 4, :] = np.where(crosses, reduced, 0.0)
+    ar[..., 3, :] = np.where(crosses, 0.0, reduced)
+    ar[..., 5, :] = 2 * (dp - 1) * np.where(crosses, links.alpha_inter, links.alpha_intra) * (grad_bytes > 0)
 
-    optim = np.zeros((V, n))
-    optim[1] = q.shard_params * BYTES_PER_PARAM_TRAIN * 2 / mbw  # read + write of all optimizer state
+    optim = np.zeros(lead + (V, n))
+    optim[..., 1, :] = q.shard_params * BYTES_PER_PARAM_TRAIN * 2 / mbw  # read + write of all optimizer state
 
-    static = q.shard_params * BYTES_PER_PARAM_TRAIN
-    if recompute:
-        act, transient = q.in_act, q.full_act  # one layer's activations are rebuilt during its backward
-    else:
-        act, transient = q.full_act, np.zeros(n)
+    static = np.broadcast_to(q.shard_params * BYTES_PER_PARAM_TRAIN, lead + (n,))
+    # with recomputation one layer's activations are rebuilt during its backward
+    act = np.broadcast_to(np.where(rc, q.in_act, q.full_act), lead + (n,))
+    transient = np.broadcast_to(np.where(rc, q.full_act, 0.0), lead + (n,))
     return LayerTerms(step, p2p, ar, optim, static, act, transient)
 
 
 def layer_costs(table: LayerTable, gpu: GpuSpec, gpu_name: str, links: Links, *, nodes: int,
-                gpus_per_node: int, batch: int, dp: int, tp: int, m: int, recompute: bool,
-                params: CostParams) -> LayerCosts:
-    """Per-layer costs for one micro-batch of batch/(dp*m) samples under tp-way sharding."""
+                gpus_per_node: int, batch: int, dp, tp, m, recompute, params: CostParams) -> LayerCosts:
+    """Per-layer costs for one micro-batch of batch/(dp*m) samples under tp-way sharding (a stack of
+    candidates when dp, tp, m, recompute are arrays, as in `layer_terms`)."""
     terms = layer_terms(table, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node, batch=batch, dp=dp, tp=tp,
                         m=m, recompute=recompute)
     return terms.costs(rate_vector(params, gpu_name, getattr(table, "dtype", "fp16"), links.intra_kind,

@@ -12,8 +12,10 @@ stage has finished:
 
     iter = max_k [ (m + pp - 1) * T_k + AR_k + OPT_k ]
 
-`split_stages` finds the contiguous layer split that minimizes this under the
-memory limit exactly (min-max dynamic program over prefixes).
+`split_many` finds the contiguous layer split that minimizes this under the
+memory limit exactly (min-max dynamic program over prefixes), for a whole stack
+of candidate plans at once (numpy over candidates x split points); `split_stages`
+is the same for one.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class LayerCosts:
-    """Per-layer costs of one (model, batch, GPU, shape, dp, tp, micro-batches, recompute) choice."""
+    """Per-layer costs of one (model, batch, GPU, shape, dp, tp, micro-batches, recompute) choice, or of a
+    stack of such choices: every array then has a leading candidate axis, (candidates, layers)."""
 
     step_s: np.ndarray  # fwd + bwd (+ recompute fwd) + tp collectives, one micro-batch
     p2p_s: np.ndarray  # sending this layer's output to the next stage, fwd + bwd, one micro-batch
@@ -34,11 +37,17 @@ class LayerCosts:
     static_bytes: np.ndarray  # weights + grads + optimizer state on one GPU
     act_bytes: np.ndarray  # activations kept per in-flight micro-batch on one GPU
     peak_bytes: np.ndarray  # transient working memory while this layer runs (recompute, logits)
-    stage_s: float = 0.0  # paid once per stage and step whatever its layers: the optimizer step call
+    stage_s: float | np.ndarray = 0.0  # paid once per stage and step whatever its layers: the optimizer step call
 
     @property
     def num_layers(self) -> int:
-        return len(self.step_s)
+        return self.step_s.shape[-1]
+
+
+def stack(costs: list[LayerCosts]) -> LayerCosts:
+    """One stack of candidates from single ones (all with the same layers)."""
+    arrays = {f: np.stack([getattr(c, f) for c in costs]) for f in LayerCosts.__dataclass_fields__ if f != "stage_s"}
+    return LayerCosts(**arrays, stage_s=np.array([float(c.stage_s) for c in costs]))
 
 
 @dataclass(frozen=True)
@@ -49,82 +58,179 @@ class StageSplit:
     mem_bytes: list[float]  # per GPU, per stage
 
 
+@dataclass(frozen=True)
+class Splits:
+    """The best split of every candidate of a stack (rows where `feasible` is False hold no split)."""
+
+    feasible: np.ndarray  # (C,) bool
+    bounds: np.ndarray  # (C, pp + 1) layer boundaries: stage k is [bounds[k], bounds[k + 1])
+    iter_time_s: np.ndarray  # (C,)
+    stage_time_s: np.ndarray  # (C, pp) T_k
+    mem_bytes: np.ndarray  # (C, pp) per GPU
+
+    def split(self, c: int) -> StageSplit | None:
+        if not self.feasible[c]:
+            return None
+        b = [int(x) for x in self.bounds[c]]
+        return StageSplit([(b[k], b[k + 1]) for k in range(len(b) - 1)], float(self.iter_time_s[c]),
+                          [float(x) for x in self.stage_time_s[c]], [float(x) for x in self.mem_bytes[c]])
+
+
 def _prefix(x: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(x) + 1)
-    np.cumsum(x, out=out[1:])
+    out = np.zeros(x.shape[:-1] + (x.shape[-1] + 1,))
+    np.cumsum(x, axis=-1, out=out[..., 1:])
     return out
 
 
+def _stacked(lc: LayerCosts) -> LayerCosts:
+    """A stack of one from a single candidate (a stack is returned as it is)."""
+    if lc.step_s.ndim == 2:
+        return lc
+    fields = {f: getattr(lc, f)[None] for f in LayerCosts.__dataclass_fields__ if f != "stage_s"}
+    return LayerCosts(**fields, stage_s=np.array([float(lc.stage_s)]))
+
+
 class _Segments:
-    """Sums over every segment [j, i) as (L+1) x (L+1) matrices; invalid segments (i <= j) are +inf.
-    Only two cost matrices exist (the last stage sends no p2p) and memory differs per stage only by
-    the number of micro-batches in flight, so stage matrices are formed on demand."""
+    """Sums over segments [j, i) of layers, for every candidate of a stack, from prefix sums: a row
+    (segments starting at layer 0), a column (segments ending at the last layer) or the full
+    (C, L+1, L+1) arrays (only pipelines of 3+ stages need them); invalid segments (i <= j) cost +inf."""
 
-    def __init__(self, lc: LayerCosts, pp: int, m: int):
-        n = lc.num_layers
-        j = np.arange(n + 1)[:, None]
-        i = np.arange(n + 1)[None, :]
-        self.valid = i > j
-        self.pp, self.m = pp, m
+    def __init__(self, lc: LayerCosts, pp: int, m: np.ndarray):
+        c, n = lc.step_s.shape
+        self.n, self.pp = n, pp
+        self.slots = (m + (pp - 1)).reshape(c, 1)  # micro-batch slots of a stage, bubble included
+        self.m = m.reshape(c, 1)
+        self.S = _prefix(lc.step_s)
+        self.AR = _prefix(lc.allreduce_s)
+        self.OPT = _prefix(lc.optim_s)
+        self.ST = _prefix(lc.static_bytes)
+        self.ACT = _prefix(lc.act_bytes)
+        self.stage_s = np.broadcast_to(np.asarray(lc.stage_s, dtype=float), (c,)).reshape(c, 1)
+        self.p2p_end = np.concatenate([np.zeros((c, 1)), lc.p2p_s], axis=1)  # sent by a segment ending at i
+        self.peak = lc.peak_bytes
 
-        def seg(x: np.ndarray) -> np.ndarray:
-            p = _prefix(x)
-            return p[None, :] - p[:, None]
+    def _terms(self, k, d, end, peak):
+        """(T, cost, memory) of stage k over some segments: d maps prefix arrays to their segment sums, end
+        picks each segment's last layer (its p2p), peak is their transient memory."""
+        t = d(self.S)
+        if k < self.pp - 1:
+            t = t + end(self.p2p_end)
+        slots = self.slots if t.ndim == 2 else self.slots[:, :, None]
+        stage = self.stage_s if t.ndim == 2 else self.stage_s[:, :, None]
+        cost = slots * t + (d(self.AR) + d(self.OPT) + stage)
+        inflight = np.minimum(self.m, self.pp - k)
+        if t.ndim == 3:
+            inflight = inflight[:, :, None]
+        mem = d(self.ST) + inflight * d(self.ACT) + peak
+        return t, cost, mem
 
-        step = seg(lc.step_s)
-        tail = seg(lc.allreduce_s) + seg(lc.optim_s) + lc.stage_s
-        p2p_last = np.concatenate([[0.0], lc.p2p_s])[None, :]  # output of the segment's last layer
-        self.t_mid = np.where(self.valid, step + p2p_last, np.inf)
-        self.t_last = np.where(self.valid, step, np.inf)
-        self.cost_mid = (m + pp - 1) * self.t_mid + tail
-        self.cost_last = (m + pp - 1) * self.t_last + tail
-        self.static = seg(lc.static_bytes)
-        self.act = seg(lc.act_bytes)
-        # running max of transient memory from j to i - 1, one vectorized accumulate along rows
-        peak = np.where(self.valid, np.concatenate([[0.0], lc.peak_bytes])[None, :], -np.inf)
-        self.peak = np.maximum(np.maximum.accumulate(peak, axis=1), 0.0)
+    def row(self, k: int):
+        """Stage k over [0, i) for every i (i = 0 is empty: +inf)."""
+        run = np.maximum(np.maximum.accumulate(np.concatenate([np.full((len(self.S), 1), -np.inf), self.peak],
+                                                              axis=1), axis=1), 0.0)
+        t, cost, mem = self._terms(k, lambda P: P - P[:, :1], lambda P: P, run)
+        empty = np.zeros(self.n + 1, dtype=bool)
+        empty[0] = True
+        return np.where(empty, np.inf, t), np.where(empty, np.inf, cost), np.where(empty, np.inf, mem)
 
-    def cost(self, k: int) -> np.ndarray:
-        return self.cost_last if k == self.pp - 1 else self.cost_mid
+    def col(self, k: int):
+        """Stage k over [j, n) for every j (j = n is empty: +inf)."""
+        rev = np.maximum.accumulate(self.peak[:, ::-1], axis=1)[:, ::-1]
+        run = np.maximum(np.concatenate([rev, np.full((len(self.S), 1), -np.inf)], axis=1), 0.0)
+        n = self.n
+        t, cost, mem = self._terms(k, lambda P: P[:, n:] - P, lambda P: P[:, n:], run)
+        empty = np.zeros(n + 1, dtype=bool)
+        empty[n] = True
+        return np.where(empty, np.inf, t), np.where(empty, np.inf, cost), np.where(empty, np.inf, mem)
 
-    def time(self, k: int) -> np.ndarray:
-        return self.t_last if k == self.pp - 1 else self.t_mid
+    def full(self):
+        """The validity mask of segments [j, i) and their transient memory (running max), (C, L+1, L+1)."""
+        n = self.n
+        valid = (np.arange(n + 1)[None, :] > np.arange(n + 1)[:, None])[None]
+        peak = np.where(valid, np.concatenate([np.zeros((len(self.S), 1)), self.peak], axis=1)[:, None, :], -np.inf)
+        return valid, np.maximum(np.maximum.accumulate(peak, axis=2), 0.0)
 
-    def mem(self, k: int) -> np.ndarray:
-        inflight = min(self.m, self.pp - k)
-        return np.where(self.valid, self.static + inflight * self.act + self.peak, np.inf)
 
+def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes: float) -> Splits:
+    """Exact min-max contiguous split into pp stages with every stage within memory, for every candidate of
+    a stack at once (`m` one micro-batch count per candidate, or one for all): the dynamic program over
+    prefixes, f_k[i] = min_j max(f_{k-1}[j], cost_k[j, i]), on (candidates x split points) arrays.
 
-def segment_matrices(lc: LayerCosts, pp: int, m: int):
-    """(cost, memory, T) matrices over segments [j, i) for each stage index (invalid = +inf)."""
+    Stage 0 only starts at layer 0 and the last stage only ends at layer n, so they need one row and one
+    column of segments; a middle stage k only the band of split points that leave every other stage a
+    layer (k <= j < i <= n - (pp - 1 - k)). Outside it f is +inf, so the first minimum (the tie-break
+    of the full DP) is the same."""
+    lc = _stacked(lc)
+    c, n = lc.step_s.shape
+    m = np.broadcast_to(np.asarray(m), (c,))
+    rows = np.arange(c)
+    bounds = np.zeros((c, pp + 1), dtype=int)
+    bounds[:, pp] = n
+    if pp > n:
+        empty = np.full((c, pp), np.inf)
+        return Splits(np.zeros(c, dtype=bool), bounds, np.full(c, np.inf), empty, empty)
+    cap = mem_cap_bytes
     s = _Segments(lc, pp, m)
-    return [(s.cost(k), s.mem(k), s.time(k)) for k in range(pp)]
+    if pp == 1:
+        t, cost, mem = (x[:, n] for x in s.row(0))
+        return Splits(mem <= cap, bounds, np.where(mem <= cap, cost, np.inf), t[:, None], mem[:, None])
+    _, cost0, mem0 = s.row(0)
+    f = np.where(mem0 <= cap, cost0, np.inf)  # f[:, i] = best bottleneck for the first i layers in k+1 stages
+    choice = {}
+    if pp > 2:
+        valid, peak = s.full()
+        for k in range(1, pp - 1):
+            lo, hi = k, n - (pp - 1 - k)  # j in [lo, hi), i in (lo, hi]
+            band = (slice(None), slice(lo, hi), slice(lo + 1, hi + 1))
+
+            def d(P):
+                return P[:, lo + 1:hi + 1][:, None, :] - P[:, lo:hi][:, :, None]
+
+            _, cost, mem = s._terms(k, d, lambda P: P[:, None, lo + 1:hi + 1], peak[band])
+            ok = valid[band] & (mem <= cap)
+            cand = np.maximum(f[:, lo:hi, None], np.where(ok, cost, np.inf))  # [c, j, i]
+            arg = np.argmin(cand, axis=1)
+            nf = np.full((c, n + 1), np.inf)
+            nf[:, lo + 1:hi + 1] = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0]
+            f = nf
+            full_arg = np.zeros((c, n + 1), dtype=int)
+            full_arg[:, lo + 1:hi + 1] = arg + lo
+            choice[k] = full_arg
+    _, cost_n, mem_n = s.col(pp - 1)
+    cand = np.maximum(f[:, pp - 1:n], np.where(mem_n[:, pp - 1:n] <= cap, cost_n[:, pp - 1:n], np.inf))
+    arg = np.argmin(cand, axis=1)
+    best = cand[rows, arg]
+    bounds[:, pp - 1] = arg + (pp - 1)
+    for k in range(pp - 2, 0, -1):
+        bounds[:, k] = choice[k][rows, bounds[:, k + 1]]
+    feasible = np.isfinite(best)
+    times, mems = _stage_measures(s, bounds)
+    return Splits(feasible, bounds, best, times, mems)
+
+
+def _stage_measures(s: _Segments, bounds: np.ndarray):
+    """T_k and memory of each stage of the chosen splits (the same sums the DP compared)."""
+    c, pp = bounds.shape[0], bounds.shape[1] - 1
+    rows = np.arange(c)
+    layer = np.arange(s.n)[None, :]
+    times, mems = np.empty((c, pp)), np.empty((c, pp))
+    for k in range(pp):
+        a, b = bounds[:, k], bounds[:, k + 1]
+        t = s.S[rows, b] - s.S[rows, a]
+        if k < pp - 1:
+            t = t + s.p2p_end[rows, b]
+        inside = (layer >= a[:, None]) & (layer < b[:, None])
+        peak = np.maximum(np.where(inside, s.peak, -np.inf).max(axis=1), 0.0)
+        inflight = np.minimum(s.m[:, 0], pp - k)
+        mems[:, k] = (s.ST[rows, b] - s.ST[rows, a]) + inflight * (s.ACT[rows, b] - s.ACT[rows, a]) + peak
+        times[:, k] = t
+    return times, mems
 
 
 def split_stages(lc: LayerCosts, pp: int, m: int, mem_cap_bytes: float) -> StageSplit | None:
-    """Exact min-max contiguous split into pp stages with every stage within memory; None if none fits."""
-    n = lc.num_layers
-    if pp > n:
-        return None
-    s = _Segments(lc, pp, m)
-    # f[i] = best bottleneck for the first i layers in k+1 stages
-    f = np.where(s.mem(0)[0] <= mem_cap_bytes, s.cost(0)[0], np.inf)
-    choice = [np.zeros(n + 1, dtype=int)]
-    cols = np.arange(n + 1)
-    for k in range(1, pp):
-        c = np.where(s.mem(k) <= mem_cap_bytes, s.cost(k), np.inf)
-        cand = np.maximum(f[:, None], c)  # [j, i]
-        arg = np.argmin(cand, axis=0)
-        f = cand[arg, cols]
-        choice.append(arg)
-    if not np.isfinite(f[n]):
-        return None
-    bounds = [n]
-    for k in range(pp - 1, 0, -1):
-        bounds.append(int(choice[k][bounds[-1]]))
-    bounds.append(0)
-    bounds.reverse()
-    return _evaluate(lc, [(bounds[k], bounds[k + 1]) for k in range(pp)], m)
+    """Exact min-max contiguous split of one candidate into pp stages with every stage within memory;
+    None if none fits."""
+    return split_many(lc, pp, np.array([m]), mem_cap_bytes).split(0)
 
 
 def evaluate_split(lc: LayerCosts, stages: list[tuple[int, int]], m: int, mats=None) -> StageSplit:

@@ -15,9 +15,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, links_for
-from arena_opt.perf.compose import LayerCosts, evaluate_split, split_stages
+from arena_opt.perf.compose import LayerCosts, Splits, split_many, stack
 from arena_opt.plan import Plan
 from models.catalog import Arch
 
@@ -170,40 +172,57 @@ class Planner:
             return GridPlans(None)
         links = links_for(gpu, intra_link, self.params)
         cap = self.mem_cap_bytes(gpu)
-        found: list[PlanResult] = []
-        for tp in tp_degrees(arch, gpus_per_node, n_gpus // pp):
-            dp = n_gpus // (pp * tp)
-            if batch % dp:
-                continue
-            for m in microbatch_counts(batch // dp, pp):
-                for rc in (False, True):
-                    lc = None
-                    if self.layer_source is not None:
-                        lc = self.layer_source(arch, gpu_name, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node,
-                                               batch=batch, dp=dp, tp=tp, m=m, recompute=rc)
-                    if lc is None:
-                        lc = layer_costs(table, gpu, gpu_name, links, nodes=nodes, gpus_per_node=gpus_per_node,
-                                         batch=batch, dp=dp, tp=tp, m=m, recompute=rc, params=self.params)
-                    res = self._split(lc, pp, m, cap)
-                    if res is None:
-                        continue
-                    plan = Plan(pp=pp, dp=dp, tp=tp, num_microbatches=m, stages=res.stages, recompute=rc)
-                    found.append(PlanResult(plan, res.iter_time_s,
-                                            max(res.mem_bytes) / GIB + self.params.mem_reserve_gib, batch))
-                    break  # recomputation only pays when the plain plan does not fit
-        if not found:
+        cands = [(tp, dp, m) for tp in tp_degrees(arch, gpus_per_node, n_gpus // pp)
+                 for dp in (n_gpus // (pp * tp),) if batch % dp == 0 for m in microbatch_counts(batch // dp, pp)]
+        if not cands:
             return GridPlans(None)
-        found.sort(key=lambda r: (r.iter_time_s, r.mem_gib))
-        pareto, best_mem = [], float("inf")
-        for r in found:
-            if r.mem_gib < best_mem - 1e-9:
-                pareto.append(r)
-                best_mem = r.mem_gib
-        return GridPlans(found[0], pareto)
+        tp, dp, m = (np.array(x) for x in zip(*cands))
+        # every candidate's split in one pass; recomputation only pays when the plain plan does not fit,
+        # so only the candidates without a plain split are tried with it
+        plain = self._splits(arch, table, gpu_name, gpu, links, nodes, gpus_per_node, batch, dp, tp, m, False, pp,
+                             cap)
+        rows = {c: (plain, c, False) for c in np.flatnonzero(plain.feasible)}
+        redo = np.flatnonzero(~plain.feasible)
+        if len(redo):
+            rec = self._splits(arch, table, gpu_name, gpu, links, nodes, gpus_per_node, batch, dp[redo], tp[redo],
+                               m[redo], True, pp, cap)
+            rows.update({int(c): (rec, i, True) for i, c in enumerate(redo) if rec.feasible[i]})
+        if not rows:
+            return GridPlans(None)
+        reserve = self.params.mem_reserve_gib
+        order = sorted(rows)  # candidate order (tp, then micro-batches): the tie-break of equal plans
 
-    @staticmethod
-    def _split(lc: LayerCosts, pp: int, m: int, cap: float):
-        if pp == 1:
-            res = evaluate_split(lc, [(0, lc.num_layers)], m)
-            return res if res.mem_bytes[0] <= cap else None
-        return split_stages(lc, pp, m, cap)
+        def measures(c):
+            sp, i, _ = rows[c]
+            return float(sp.iter_time_s[i]), float(sp.mem_bytes[i].max()) / GIB + reserve
+
+        found = sorted(((*measures(c), c) for c in order), key=lambda r: (r[0], r[1]))
+        pareto, best_mem = [], float("inf")
+        for t, mem, c in found:
+            if mem < best_mem - 1e-9:
+                sp, i, rc = rows[c]
+                stages = sp.split(i).stages
+                plan = Plan(pp=pp, dp=int(dp[c]), tp=int(tp[c]), num_microbatches=int(m[c]), stages=stages,
+                            recompute=rc)
+                pareto.append(PlanResult(plan, t, mem, batch))
+                best_mem = mem
+        return GridPlans(pareto[0], pareto)
+
+    def _splits(self, arch, table, gpu_name, gpu, links, nodes, gpus_per_node, batch, dp, tp, m, rc: bool, pp,
+                cap) -> Splits:
+        """Best split of each (dp[c], tp[c], m[c]) candidate: analytical costs for all of them at once,
+        measured layers (`layer_source`) where a profile has them."""
+        lc = layer_costs(table, gpu, gpu_name, links, nodes=nodes, gpus_per_node=gpus_per_node, batch=batch,
+                         dp=dp, tp=tp, m=m, recompute=np.full(len(m), rc), params=self.params)
+        if self.layer_source is not None:
+            rows = [self.layer_source(arch, gpu_name, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node,
+                                      batch=batch, dp=int(d), tp=int(t), m=int(k), recompute=rc)
+                    for d, t, k in zip(dp, tp, m)]
+            if any(r is not None for r in rows):
+                lc = stack([r if r is not None else _row(lc, c) for c, r in enumerate(rows)])
+        return split_many(lc, pp, m, cap)
+
+
+def _row(lc: LayerCosts, c: int) -> LayerCosts:
+    return LayerCosts(**{f: getattr(lc, f)[c] for f in LayerCosts.__dataclass_fields__ if f != "stage_s"},
+                      stage_s=float(np.broadcast_to(lc.stage_s, lc.step_s.shape[:1])[c]))
