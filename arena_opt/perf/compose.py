@@ -109,7 +109,7 @@ class _Segments:
         self.p2p_end = np.concatenate([np.zeros((c, 1)), lc.p2p_s], axis=1)  # sent by a segment ending at i
         self.peak = lc.peak_bytes
 
-    def _terms(self, k, d, end, peak):
+    def _terms(self, k, d, end, peak, memory=True):
         """(T, cost, memory) of stage k over some segments: d maps prefix arrays to their segment sums, end
         picks each segment's last layer (its p2p), peak is their transient memory."""
         t = d(self.S)
@@ -118,6 +118,8 @@ class _Segments:
         slots = self.slots if t.ndim == 2 else self.slots[:, :, None]
         stage = self.stage_s if t.ndim == 2 else self.stage_s[:, :, None]
         cost = slots * t + (d(self.AR) + d(self.OPT) + stage)
+        if not memory:
+            return t, cost, None
         inflight = np.minimum(self.m, self.pp - k)
         if t.ndim == 3:
             inflight = inflight[:, :, None]
@@ -144,11 +146,17 @@ class _Segments:
         return np.where(empty, np.inf, t), np.where(empty, np.inf, cost), np.where(empty, np.inf, mem)
 
     def full(self):
-        """The validity mask of segments [j, i) and their transient memory (running max), (C, L+1, L+1)."""
+        """Middle-stage segments [j, i) as (C, L+1, L+1) arrays: cost (the same for every middle stage),
+        static and activation bytes, transient memory (running max), and the validity mask."""
         n = self.n
         valid = (np.arange(n + 1)[None, :] > np.arange(n + 1)[:, None])[None]
+
+        def seg(P):
+            return P[:, None, :] - P[:, :, None]
+
         peak = np.where(valid, np.concatenate([np.zeros((len(self.S), 1)), self.peak], axis=1)[:, None, :], -np.inf)
-        return valid, np.maximum(np.maximum.accumulate(peak, axis=2), 0.0)
+        t, cost, _ = self._terms(0, seg, lambda P: P[:, None, :], None, memory=False)
+        return valid, cost, seg(self.ST), seg(self.ACT), np.maximum(np.maximum.accumulate(peak, axis=2), 0.0)
 
 
 def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes: float) -> Splits:
@@ -178,17 +186,19 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes: float) -> Splits:
     f = np.where(mem0 <= cap, cost0, np.inf)  # f[:, i] = best bottleneck for the first i layers in k+1 stages
     choice = {}
     if pp > 2:
-        valid, peak = s.full()
+        valid, cost, static, act, peak = s.full()
+        # Rounding is monotone, so no segment needs more than the whole model with pp micro-batches in
+        # flight: where that fits, every middle stage fits and the memory test is skipped (same result).
+        roomy = bool(np.all(lc.static_bytes >= 0) and np.all(lc.act_bytes >= 0) and np.all(
+            s.ST[:, n] + np.minimum(s.m[:, 0], pp) * s.ACT[:, n] + np.maximum(s.peak.max(axis=1), 0.0) <= cap))
         for k in range(1, pp - 1):
             lo, hi = k, n - (pp - 1 - k)  # j in [lo, hi), i in (lo, hi]
             band = (slice(None), slice(lo, hi), slice(lo + 1, hi + 1))
-
-            def d(P):
-                return P[:, lo + 1:hi + 1][:, None, :] - P[:, lo:hi][:, :, None]
-
-            _, cost, mem = s._terms(k, d, lambda P: P[:, None, lo + 1:hi + 1], peak[band])
-            ok = valid[band] & (mem <= cap)
-            cand = np.maximum(f[:, lo:hi, None], np.where(ok, cost, np.inf))  # [c, j, i]
+            ok = valid[band]
+            if not roomy:
+                inflight = np.minimum(s.m, pp - k)[:, :, None]
+                ok = ok & (static[band] + inflight * act[band] + peak[band] <= cap)
+            cand = np.maximum(f[:, lo:hi, None], np.where(ok, cost[band], np.inf))  # [c, j, i]
             arg = np.argmin(cand, axis=1)
             nf = np.full((c, n + 1), np.inf)
             nf[:, lo + 1:hi + 1] = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0]
