@@ -46,7 +46,7 @@ def generate_snapshot(spec: dict[str, tuple[int, int]], num_jobs: int, *, seed: 
     return _with_running(snap, [j.id for j in jobs if j.remaining_iterations < j.total_iterations])
 
 
-def _with_running(snap: ClusterSnapshot, started: list[str]) -> ClusterSnapshot:
+def _with_running(snap: ClusterSnapshot, started: list[str] | set[str]) -> ClusterSnapshot:
     """Give the partly-done jobs the placement a greedy round would give them, so that the
     snapshot has realistic running jobs (kept, reshaped or preempted by the next round)."""
     from arena_opt.grids import enumerate_grids
@@ -56,7 +56,8 @@ def _with_running(snap: ClusterSnapshot, started: list[str]) -> ClusterSnapshot:
     from arena_opt.perf.estimator import PerfEstimator
     from arena_opt.placement import place
 
-    sub = snap.model_copy(update={"jobs": [j for j in snap.jobs if j.id in set(started)]})
+    started = set(started)  # a set once: rebuilt per job it made a 150k-job instance take > 10 minutes
+    sub = snap.model_copy(update={"jobs": [j for j in snap.jobs if j.id in started]})
     p = build_problem(sub, enumerate_grids(sub, PerfEstimator()), ArenaOptions())
     sel = greedy_select(p)
     chosen = {p.job_ids[j]: p.grids[k] for j, k in sel.items()}
@@ -67,7 +68,7 @@ def _with_running(snap: ClusterSnapshot, started: list[str]) -> ClusterSnapshot:
             g = chosen[j.id]
             j = j.model_copy(update={"running": RunningState(gpu_type=g.shape.gpu_type, placement=placed[j.id],
                                                              plan=g.result.plan, since=snap.time - 600)})
-        elif j.id in set(started):
+        elif j.id in started:
             j = j.model_copy(update={"remaining_iterations": float(j.total_iterations)})
         jobs.append(j)
     return ClusterSnapshot.model_validate(snap.model_copy(update={"jobs": jobs}).model_dump())
