@@ -60,7 +60,7 @@ class Bench:
 
 
 BENCHES = (
-    Bench("estimator.json", ("python bench/estimator.py",), 30, writes=("calibrated_params.json",)),
+    Bench("estimator.json", ("python bench/estimator.py",), 60, writes=("calibrated_params.json",)),
     Bench("proxy_quality.json", ("python bench/proxy_quality.py",), 30, after=("estimator.json",)),
     Bench("jct_bound.json", ("python bench/jct_bound.py",), 20),
     Bench("bound-tiny.json", ("python bench/bound.py --parts tiny --name bound-tiny",), 30),

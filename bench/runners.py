@@ -275,7 +275,8 @@ def main() -> int:
             "model": args.model, "full": args.full, "batch": args.batch, "load_avg_1m": os.getloadavg()[0]}
     payload = {**meta, "plans": rows, "reshapes": reshapes, "faults": faults, "ckpt_cost": cost}
     if args.out_dir:
-        write_result(Path(args.out_dir) / "runners.json", payload, _fault_markdown(meta, faults, cost))
+        out = Path(args.out_dir) / "runners.json"
+        write_result(out, payload, _fault_markdown(meta, faults, cost))
     else:
         out = Path(args.out)
         write_json(out, payload)
