@@ -8,7 +8,8 @@ that every result records exactly that command), from the repository root, one a
 something on this machine, so nothing runs beside them. A bench that reads another's result runs after it
 (proxy_quality after estimator, bound-philly after simulate); with --stale the staleness is computed again
 after each run, so a result that a rerun made stale is rerun too. A bench that fails is reported and the
-next one runs; the results it would have written keep their old content (every result file is written
+next one runs (a bench past --limit-factor times its expected time is stopped, children included); the
+results it would have written keep their old content (every result file is written
 atomically, the JSON with the provenance last). Exit status 1 when any bench failed.
 """
 
@@ -18,6 +19,7 @@ import argparse
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -107,7 +109,28 @@ def stale(problems: dict[str, list[str]]) -> dict[str, list[str]]:
     return out
 
 
-def run_one(bench: Bench, console: Console) -> tuple[bool, float]:
+def _run_step(argv: list[str], limit_s: float) -> int | str:
+    """Exit status of one step, or why it was stopped; the step runs in its own process group so that a
+    stopped bench takes its children (simulator workers, torchrun) with it."""
+    proc = subprocess.Popen(argv, cwd=prov.ROOT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return proc.wait(timeout=limit_s)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
+        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait_s)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return f"stopped after {limit_s:.0f} s"
+
+
+def run_one(bench: Bench, console: Console, limit_factor: float) -> tuple[bool, float]:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"bench-{bench.name}-") as tmp:
         for step in bench.steps:
@@ -115,13 +138,12 @@ def run_one(bench: Bench, console: Console) -> tuple[bool, float]:
             argv[0] = sys.executable if argv[0] == "python" else argv[0]
             console.print(f"[bold]{bench.name}[/]: {step.format(tmp=tmp)}")
             try:
-                rc = subprocess.run(argv, cwd=prov.ROOT, stdin=subprocess.DEVNULL).returncode
+                rc = _run_step(argv, limit_factor * bench.expected_s + 600)
             except OSError as e:
-                console.print(f"[red]{bench.name}: could not start: {e}[/]")
-                rc = -1
+                rc = f"could not start: {e}"
             if rc != 0:
-                console.print(f"[red bold]{bench.name} FAILED[/] (exit {rc}) in {time.monotonic() - t0:.0f} s: "
-                              f"{step.format(tmp=tmp)}")
+                console.print(f"[red bold]{bench.name} FAILED[/] ({f'exit {rc}' if isinstance(rc, int) else rc}) "
+                              f"in {time.monotonic() - t0:.0f} s: {step.format(tmp=tmp)}")
                 return False, time.monotonic() - t0
     return True, time.monotonic() - t0
 
@@ -132,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated bench names (result stems)")
     ap.add_argument("--skip", default="", help="comma-separated bench names to leave out")
     ap.add_argument("--dry-run", action="store_true", help="list what would run, with the reasons, and stop")
+    ap.add_argument("--limit-factor", type=float, default=3.0,
+                    help="stop a bench after this many times its expected seconds, plus 600 s (a hung bench)")
     args = ap.parse_args(argv)
     names = {b.name for b in BENCHES}
     only, skip = set(filter(None, args.only.split(","))), set(filter(None, args.skip.split(",")))
@@ -140,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(known: {', '.join(sorted(names))})", file=sys.stderr)
         return 2
     chosen = [b for b in BENCHES if (not only or b.name in only) and b.name not in skip]
-    console = Console()
+    console = Console(soft_wrap=True)  # whole lines in an unattended log
 
     def todo() -> dict[str, list[str]]:
         if not args.stale:
@@ -170,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             bench = ready[0]
             progress.update(task, description=f"{bench.name} (~{bench.expected_s:.0f} s; load "
                                               f"{os.getloadavg()[0]:.1f})")
-            done[bench.name] = run_one(bench, console)
+            done[bench.name] = run_one(bench, console, args.limit_factor)
             ok, secs = done[bench.name]
             console.print(f"{'ok' if ok else 'FAILED'}: {bench.name} in {secs:.0f} s")
             progress.advance(task)

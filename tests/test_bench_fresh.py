@@ -9,10 +9,12 @@ them all). It runs in CI's plain `python -m pytest`; helpers changing code leave
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,15 @@ def test_run_all_matches_commands_and_orders_readers_after_writers():
     order = [b.result for b in run_all.BENCHES]
     for b in run_all.BENCHES:
         assert all(order.index(a) < order.index(b.result) for a in b.after), b
+
+
+def test_run_all_reports_a_failing_step_and_stops_a_hung_one():
+    from rich.console import Console
+
+    console = Console(file=io.StringIO())
+    failing = run_all.Bench("x.json", ("python -c 'import sys; sys.exit(3)'", "python -c 'never runs'"), 1)
+    ok, secs = run_all.run_one(failing, console, 1.0)
+    assert not ok and secs < 60
+    t0 = time.monotonic()
+    assert run_all._run_step([sys.executable, "-c", "import time; time.sleep(60)"], 1.0) == "stopped after 1 s"
+    assert time.monotonic() - t0 < 30
