@@ -109,6 +109,7 @@ class GridCatalog:
         self._by_job: dict[str, tuple] = {}  # job id -> (its workload entry, options by (type, count))
         self._current: dict[str, tuple] = {}  # job id -> (entry, placement, plan, running grid)
         self._derived: dict[tuple, tuple] = {}  # (job id, what) -> (its options, value)
+        self._grids: dict[tuple, tuple] = {}  # (job id, prune) -> (entry, running state, its shape, grids)
         self._cluster: _Cluster | None = None
         self._contexts: dict[tuple, int] = {}  # cluster context -> a small key for the workload entries
 
@@ -125,6 +126,7 @@ class GridCatalog:
             self._by_job.clear()
             self._current.clear()
             self._derived.clear()
+            self._grids.clear()
             self._version = v
 
     # ---- estimates of one shape ------------------------------------------------------------------
@@ -146,6 +148,13 @@ class GridCatalog:
         kept, as the `current` grid."""
         cl = self.cluster(snapshot)
         entry = self._entry(job, cl, max_gpus_default)
+        # a job's grids change only with its workload entry or its running allocation: a simulator or
+        # scheduler asks again every round for the same jobs (the running state is the same object while
+        # the allocation stands, so most rounds skip even the shape comparison)
+        hit = self._grids.get((job.id, prune))
+        if hit is not None and hit[0] is entry and (hit[1] is job.running or
+                                                    hit[2] == _current_shape(job, cl.node_map)):
+            return list(hit[3])
         cur_key = _current_shape(job, cl.node_map)
         cands = entry.pruned() if prune else entry.best()
         out = [Grid(job.id, pk, shape, proxy, pareto, cur_key == (pk, shape.nodes, shape.gpus_per_node, shape.pp))
@@ -154,7 +163,8 @@ class GridCatalog:
             g = self._running_grid(job, cl, entry, cur_key)
             if g is not None:
                 out.append(g)
-        return out
+        self._grids[(job.id, prune)] = (entry, job.running, cur_key, out)
+        return list(out)
 
     def all_grids(self, snapshot: ClusterSnapshot, *, max_gpus_default: int = 16) -> dict[str, list[Grid]]:
         """`grids(prune=True)` of every job of the snapshot (level 1's input)."""

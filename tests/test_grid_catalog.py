@@ -95,3 +95,36 @@ def test_catalog_is_one_per_estimator_and_follows_its_version(base):
     assert g.result.iter_time_s == pytest.approx(3 * t)
     assert cat.plans(j.arch, BATCH, cluster.catalog[GPU], cluster.nodes[0].intra_link, g.shape).proxy.iter_time_s == pytest.approx(
         g.result.iter_time_s)
+
+
+def test_grid_lists_kept_across_rounds_follow_the_running_allocation(base):
+    """A job's grid list is reused while its workload and running allocation stand, and is what a fresh
+    catalogue computes in every round: new when the job starts, moves or the estimator changes."""
+    cluster = load_cluster("a10:2x4")
+    est = _estimator(base)
+    cat = GridCatalog.of(est)
+    snap = _snapshot(cluster, base)
+    old = snap.jobs[0]
+
+    def fresh(snapshot, job):
+        return GridCatalog(est).grids(job, snapshot, prune=True)
+
+    first = cat.grids(old, snap, prune=True)
+    first.clear()  # the caller's list is its own: the catalogue's copy must not change with it
+    again = cat.grids(old, snap, prune=True)
+    assert again == fresh(snap, old) and any(g.current for g in again)
+    # the same allocation in a new RunningState object (another round's snapshot): still the same grids
+    same = old.model_copy(update={"running": old.running.model_copy()})
+    assert cat.grids(same, snap, prune=True) == again
+    # moved to two other GPUs of another node: the current grid follows the placement's shape
+    moved = old.model_copy(update={"running": old.running.model_copy(update={"placement": {"a10-001": [2, 3]}})})
+    assert cat.grids(moved, snap, prune=True) == fresh(snap, moved)
+    # stopped: no current grid any more
+    waiting = old.model_copy(update={"running": None})
+    assert cat.grids(waiting, snap, prune=True) == fresh(snap, waiting)
+    assert not any(g.current for g in cat.grids(waiting, snap, prune=True))
+    # an estimator correction reaches the kept lists too
+    g = next(g for g in again if g.current)
+    est.observe(M, GPU, g.result.iter_time_s, 2 * g.result.iter_time_s, weight=1.0)
+    now = cat.grids(old, snap, prune=True)
+    assert now == fresh(snap, old) and now != again
