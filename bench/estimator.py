@@ -18,6 +18,7 @@ against the same measurements for reference. Writes estimator.json and estimator
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections import defaultdict
@@ -105,32 +106,45 @@ def main(argv: list[str] | None = None) -> int:
     full = cal.fit(obs, ARENA_BASE)
     insample_pred = [t for t, _ in cal.predict(obs, full.params, cal.ARENA_SPACE)]
     insample = grouped(obs, rel_errors(obs, insample_pred))
+    insample_planner = grouped(obs, rel_errors(obs, planner_predictions(obs, full.params)))
 
     loo_obs: list[cal.Observation] = []
     loo_ref: list[float] = []
     loo_plan: list[float] = []
     rows = []
     fold_params = {}
-    for held in types:
-        t0 = time.perf_counter()
-        train = [o for o in obs if o.gpu_type != held]
-        test = [o for o in obs if o.gpu_type == held]
-        res = cal.fit(train, ARENA_BASE)
-        assert held not in res.params.compute_eff  # the held-out type only gets the shared efficiency
+    t0 = time.perf_counter()
+    folds = cal.leave_one_type_out(obs, ARENA_BASE)  # each fit sees the other types' rows only
+    log(f"{len(folds)} leave-one-type-out fits, {time.perf_counter() - t0:.0f} s")
+    by_key = {}
+    for space_name, space in (("reference", cal.ARENA_SPACE), ("planner", cal.PLANNER_SPACE)):
+        for r in cal.loto_residuals(obs, folds, space):
+            by_key.setdefault(id(r.obs), {})[space_name] = r
+    for held, res in folds.items():
         fold_params[held] = res.params.model_dump()
-        ref = cal.predict(test, res.params, cal.ARENA_SPACE)
-        plan_t = planner_predictions(test, res.params)
-        for o, (t, plan), tp in zip(test, ref, plan_t):
+        test = [o for o in obs if o.gpu_type == held]
+        for o, tp in zip(test, planner_predictions(test, res.params)):
+            ref, own = by_key[id(o)]["reference"], by_key[id(o)]["planner"]
             loo_obs.append(o)
-            loo_ref.append(t)
+            loo_ref.append(ref.predicted_s)
             loo_plan.append(tp)
+            # per-configuration out-of-sample residuals (log predicted/measured) for error bands
             rows.append({"model": o.arch.name, "batch": o.batch, "gpu_type": o.gpu_type, "nodes": o.nodes,
-                         "gpus_per_node": o.gpus_per_node, "measured_s": o.measured_s, "predicted_s": t,
-                         "planner_s": tp, "plan": plan.describe() if plan else None})
-        log(f"held out {held}: {len(test)} rows, {time.perf_counter() - t0:.0f} s")
+                         "gpus_per_node": o.gpus_per_node, "measured_s": o.measured_s, "predicted_s": ref.predicted_s,
+                         "planner_s": tp, "plan": ref.plan.describe() if ref.plan else None,
+                         "planner_plan": own.config(), "log_error_reference": ref.log_error,
+                         "log_error_planner": math.log(tp / o.measured_s) if math.isfinite(tp) else None})
 
     loo = grouped(loo_obs, rel_errors(loo_obs, loo_ref))
     loo_planner = grouped(loo_obs, rel_errors(loo_obs, loo_plan))
+    knobs: dict = defaultdict(list)  # planner-space error by the knobs its plan turned
+    for row, r in zip(rows, rel_errors(loo_obs, loo_plan)):
+        pl = row["planner_plan"]
+        if pl["pp"] is not None:
+            knobs[f"recompute={pl['recompute']}"].append(r)
+            knobs[f"microbatches={'<16' if pl['num_microbatches'] < 16 else '16' if pl['num_microbatches'] == 16 else '>16'}"].append(r)
+            knobs[f"pp={pl['pp']}"].append(r)
+    loo_planner["plan_knobs"] = {k: err_stats(v) for k, v in sorted(knobs.items())}
     arena_ref = arena_reference(Path(path), obs)
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out / "calibrated_params.json", full.params.model_dump_json(indent=1) + "\n")
@@ -138,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"command": command(), "git": git_rev(), "machine": machine(), "table": str(path),
                "seconds": time.perf_counter() - t_start, "rows": len(obs),
                "leave_one_type_out": loo, "leave_one_type_out_planner": loo_planner, "in_sample": insample,
+               "in_sample_planner": insample_planner,
                "uncalibrated": uncal, "arena_own_estimator": arena_ref, "calibrated_params": full.params.model_dump(),
                "fold_params": fold_params, "predictions": rows}
     md = render(payload)
@@ -153,9 +168,9 @@ def render(p: dict) -> str:
         hdr = ["group", "rows", "median |err|", "p90 |err|", "median signed"]
         rows = [["all", g["all"]["n"], fmt_pct(g["all"]["median"]), fmt_pct(g["all"]["p90"]),
                  fmt_pct(g["all"]["median_signed"])]]
-        for key in ("gpu_type", "num_gpus", "family"):
-            for k, st in g[key].items():
-                rows.append([f"{key}={k}", st["n"], fmt_pct(st["median"]), fmt_pct(st["p90"]),
+        for key in ("gpu_type", "num_gpus", "family", "plan_knobs"):
+            for k, st in g.get(key, {}).items():
+                rows.append([k if key == "plan_knobs" else f"{key}={k}", st["n"], fmt_pct(st["median"]), fmt_pct(st["p90"]),
                              fmt_pct(st["median_signed"])])
         return s + md_table(hdr, rows) + "\n"
 
@@ -165,13 +180,21 @@ def render(p: dict) -> str:
            f" ({m['cpus']} CPUs), Python {m['python']}. Table: `{p['table']}`, {p['rows']} rows with a time.\n",
            "Relative error = predicted / measured - 1. Leave-one-GPU-type-out: fitted on the other three "
            "types; the held-out type gets the shared compute efficiency times its data-sheet peak.\n",
+           "Knob prices (calibrated; `microbatch_overhead_s` per micro-batch slot and stage, `recompute_cost` "
+           "as a share of a forward pass): "
+           + "; ".join(f"{name} {q['microbatch_overhead_s'] * 1e3:.2f} ms, {q['recompute_cost']:.2f}"
+                       for name, q in [("all types", p["calibrated_params"])]
+                       + [(f"without {k}", v) for k, v in p["fold_params"].items()]) + ".\n",
            block("Leave-one-type-out, reference plan space (16 micro-batches, rematerialization)",
                  p["leave_one_type_out"]),
            block("Leave-one-type-out, arena-opt planner (`PerfEstimator(table_mode='off').best`)",
                  p["leave_one_type_out_planner"],
                  "The planner searches its own micro-batch counts and recomputation, so it finds plans the "
-                 "measured runtime did not run; this is the estimate the scheduler sees."),
-           block("In-sample (fitted on all four types; parameters in calibrated_params.json)", p["in_sample"]),
+                 "measured runtime did not run; this is the estimate the scheduler sees. The last rows group "
+                 "it by the knobs of the plan the planner picked."),
+           block("In-sample (fitted on all four types; parameters in calibrated_params.json), reference space",
+                 p["in_sample"]),
+           block("In-sample, planner space", p["in_sample_planner"]),
            block("Uncalibrated defaults (`CostParams(moe_einsum_group=2048)`)", p["uncalibrated"]),
            block("Reference: Arena's own per-plan estimator (best `arena_estimated` plan per grid)",
                  p["arena_own_estimator"], "Only grids Arena estimated (A100, A40, A10)."),

@@ -50,8 +50,9 @@ def test_fit_recovers_generating_parameters():
     times = [t for t, _ in cal.predict(CASES, truth, cal.ARENA_SPACE)]
     measured = [cal.Observation(o.arch, o.batch, o.gpu_type, o.gpu, o.intra_link, o.nodes, o.gpus_per_node, t)
                 for o, t in zip(CASES, times)]
+    # the truth lets the planner's plans beat the measured ones, so no envelope (see the envelope test)
     spec = cal.FitSpec(per_type=False, fit_globals=("fp32_eff_scale", "mem_eff", "inter_comm_eff"), rounds=2,
-                       use_priors=False)
+                       use_priors=False, envelope_space=None)
     res = cal.fit(measured, CostParams(moe_einsum_group=2048, intra_eff={"nvlink": 0.5, "pcie": 0.5}), spec)
     pred = [t for t, _ in cal.predict(measured, res.params, cal.ARENA_SPACE)]
     assert np.allclose(pred, times, rtol=0.02)
@@ -73,3 +74,57 @@ def test_leave_one_type_out_on_arena_bert_rows(arena_data):
     base = [t / o.measured_s - 1 for o, (t, _) in zip(test, cal.predict(test, CostParams(), cal.ARENA_SPACE))]
     assert np.median(np.abs(err)) < 0.15
     assert np.median(np.abs(err)) < np.median(np.abs(base))
+
+
+def _measured(cases, truth, space):
+    times = [t for t, _ in cal.predict(cases, truth, space)]
+    return [cal.Observation(o.arch, o.batch, o.gpu_type, o.gpu, o.intra_link, o.nodes, o.gpus_per_node, t)
+            for o, t in zip(cases, times)]
+
+
+def test_fit_recovers_a_per_microbatch_overhead():
+    truth = CostParams(default_compute_eff=0.5, microbatch_overhead_s=3e-3, moe_einsum_group=2048)
+    # batches of 128 to 512 at 16 micro-batches: the fixed part per micro-batch is not proportional to work
+    cases = CASES + [obs("bert-760M", "a100-40gb", 1, 2, 64), obs("bert-2.6B", "v100-32gb", 2, 8, 128)]
+    measured = _measured(cases, truth, cal.ARENA_SPACE)
+    spec = cal.FitSpec(per_type=False, fit_globals=("microbatch_overhead_s",), rounds=2, use_priors=False,
+                       envelope_space=None)
+    res = cal.fit(measured, CostParams(moe_einsum_group=2048), spec)
+    assert res.params.microbatch_overhead_s == pytest.approx(3e-3, rel=0.1)
+    assert res.params.default_compute_eff == pytest.approx(0.5, rel=0.05)
+
+
+def test_envelope_prices_recomputation_the_reference_space_cannot_see():
+    """Measurements made in a runtime whose rematerialisation is nearly free: the reference space
+    (always recompute) cannot tell, the envelope (the planner's own space may not undercut them) can."""
+    truth = CostParams(default_compute_eff=0.5, recompute_cost=0.1, moe_einsum_group=2048)
+    measured = _measured(CASES, truth, cal.ARENA_SPACE)
+    base = CostParams(moe_einsum_group=2048)
+    ref_only = cal.fit(measured, base, cal.FitSpec(per_type=False, fit_globals=("recompute_cost",), rounds=2,
+                                                   use_priors=False, envelope_space=None))
+    env = cal.fit(measured, base, cal.FitSpec(per_type=False, fit_globals=("recompute_cost",), rounds=2,
+                                              use_priors=False))
+    def undercut(params):  # how far the planner's own best plan undercuts the measured optimum
+        pred = cal.predict(measured, params, cal.PLANNER_SPACE)
+        return float(np.mean([max(0.0, np.log(o.measured_s / t)) for o, (t, _) in zip(measured, pred)]))
+
+    assert undercut(env.params) < 0.5 * undercut(ref_only.params)
+    assert env.params.recompute_cost < 0.3 < ref_only.params.recompute_cost
+
+
+def test_leave_one_type_out_never_sees_the_held_out_type():
+    spec = cal.FitSpec(per_type=True, fit_globals=("mem_eff",), rounds=1, envelope_space=None)
+    cases = _measured(CASES, CostParams(default_compute_eff=0.4, mem_eff=0.6), cal.ARENA_SPACE)
+    folds = cal.leave_one_type_out(cases, CostParams(), spec)
+    assert set(folds) == {o.gpu_type for o in cases}
+    # the held-out type's measurements changed beyond recognition: its fold is the same fit
+    changed = [cal.Observation(o.arch, o.batch, o.gpu_type, o.gpu, o.intra_link, o.nodes, o.gpus_per_node,
+                               o.measured_s * (1.6 if o.gpu_type == "a40" else 1.0)) for o in cases]
+    again = cal.leave_one_type_out(changed, CostParams(), spec)
+    assert again["a40"].params == folds["a40"].params
+    assert again["a10"].params != folds["a10"].params  # a fold that trains on a40 sees the change
+    res = cal.loto_residuals(cases, folds, cal.ARENA_SPACE)
+    assert len(res) == len(cases) and all(r.config()["pp"] >= 1 for r in res)
+    held = [r for r in res if r.obs.gpu_type == "a40"]
+    assert held[0].predicted_s == pytest.approx(cal.predict([held[0].obs], folds["a40"].params,
+                                                            cal.ARENA_SPACE)[0][0])

@@ -284,3 +284,20 @@ def test_planner_equals_one_candidate_at_a_time(model, batch, gpu, nodes, gpn, p
         assert (r.plan.dp, r.plan.tp, r.plan.num_microbatches, r.plan.recompute) == (dp, tp, m, rc)
         assert r.iter_time_s == pytest.approx(t, rel=1e-12)
         assert r.mem_gib == pytest.approx(mem, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_microbatch_overhead_is_paid_per_slot_and_the_dp_stays_exact(seed):
+    from dataclasses import replace
+
+    rng = np.random.default_rng(100 + seed)
+    n, pp, m = int(rng.integers(4, 9)), int(rng.integers(2, 4)), int(rng.choice([2, 4, 8]))
+    lc = random_costs(rng, n)
+    c = float(rng.uniform(0.05, 0.5))
+    heavy = replace(lc, microbatch_s=c)
+    stages = [(0, 1), (1, n)] + [] if pp == 2 else [(0, 1), (1, 2), (2, n)]
+    a, b = evaluate_split(lc, stages, m), evaluate_split(heavy, stages, m)
+    assert all(tb == pytest.approx(ta + c) for ta, tb in zip(a.stage_time_s, b.stage_time_s))
+    assert b.iter_time_s == pytest.approx(a.iter_time_s + (m + len(stages) - 1) * c)
+    dp, bf = split_stages(heavy, pp, m, 1e9), brute_force(heavy, pp, m, 1e9)
+    assert dp.iter_time_s == pytest.approx(bf.iter_time_s)

@@ -8,7 +8,8 @@ of b samples is
 
 (matrix products run at the compute roof, the element-wise operations around them at the
 memory roof: the per-operator roofline summed over a layer; small micro-batches do not fill
-the GPU), and a collective is bytes / (link efficiency * bandwidth) + messages * alpha.
+the GPU); rematerialisation adds `recompute_cost` of a forward's matrix products and every
+stage pays `microbatch_overhead_s` per micro-batch slot; a collective is bytes / (link efficiency * bandwidth) + messages * alpha.
 `layer_terms` returns the coefficients of each rate, `LayerTerms.costs` multiplies them out;
 `calibrate` fits the rates to measured tables on these same coefficients.
 """
@@ -36,7 +37,7 @@ BYTES_PER_PARAM_TRAIN = 2 + 2 + 12
 EW_TRAFFIC_PER_ACT_BYTE = 2.0
 
 Dtype = Literal["fp16", "bf16", "fp32"]
-RATE_NAMES = ("compute", "memory", "launch", "intra", "inter", "fixed", "saturation")
+RATE_NAMES = ("compute", "memory", "launch", "intra", "inter", "fixed", "saturation", "recompute", "microbatch")
 
 
 class CostParams(BaseModel):
@@ -58,6 +59,14 @@ class CostParams(BaseModel):
     alpha_inter_s: NonNegativeFloat = 30e-6  # per-message latency across nodes
     mem_reserve_gib: float = Field(1.5, ge=0, description="CUDA context, allocator slack, workspace")
     layer_overhead_s: float = Field(40e-6, ge=0, description="kernel launches per layer and pass")
+    microbatch_overhead_s: float = Field(0.0, ge=0, description=(
+        "fixed cost of one micro-batch slot on one stage whatever its layers: the pipeline runtime's "
+        "per-micro-batch dispatch, send/recv synchronisation, per-step bookkeeping; paid (m + pp - 1) "
+        "times per stage, so many small micro-batches are not free"))
+    recompute_cost: float = Field(1.0, gt=0, le=1.5, description=(
+        "matrix-product work of rematerialisation, as a fraction of one forward pass (1 = the whole forward "
+        "is redone; less where the runtime keeps some activations or overlaps the recomputation); what "
+        "dropping recomputation saves"))
     saturation_samples: dict[str, NonNegativeFloat] = Field(default_factory=dict, description=(
         "per model family, the micro-batch (samples per GPU) at which a layer runs at half its achieved "
         "rate: each layer pass costs as many samples' FLOPs more, so micro-batches of b samples run at "
@@ -156,11 +165,12 @@ class LayerTerms:
     static_bytes: np.ndarray
     act_bytes: np.ndarray
     peak_bytes: np.ndarray
+    microbatch: np.ndarray  # (..., rates): per stage and micro-batch slot, whatever the stage's layers
 
     def costs(self, rates: np.ndarray) -> LayerCosts:
         return LayerCosts(step_s=rates @ self.step, p2p_s=rates @ self.p2p, allreduce_s=rates @ self.allreduce,
                           optim_s=rates @ self.optim, static_bytes=self.static_bytes, act_bytes=self.act_bytes,
-                          peak_bytes=self.peak_bytes)
+                          peak_bytes=self.peak_bytes, microbatch_s=self.microbatch @ rates)
 
 
 def rate_vector(params: CostParams, gpu_name: str, dtype: str = "fp16", intra_kind: str = "nvlink",
@@ -168,7 +178,8 @@ def rate_vector(params: CostParams, gpu_name: str, dtype: str = "fp16", intra_ki
     """Values of `RATE_NAMES` for one GPU type, training precision, intra-node link and model family."""
     inv_eff = 1.0 / params.eff(gpu_name, dtype)
     return np.array([inv_eff, 1.0 / params.mem_eff, params.layer_overhead_s, 1.0 / params.link_eff(intra_kind),
-                     1.0 / params.inter_comm_eff, 1.0, params.saturation_samples.get(family, 0.0) * inv_eff])
+                     1.0 / params.inter_comm_eff, 1.0, params.saturation_samples.get(family, 0.0) * inv_eff,
+                     params.recompute_cost * inv_eff, params.microbatch_overhead_s])
 
 
 @dataclass(frozen=True)
@@ -223,7 +234,10 @@ def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gp
     passes = np.where(rc, 4.0, 3.0)  # backward = 2 forwards, recomputation one more
 
     step = np.zeros(lead + (V, n))
-    step[..., 0, :] = passes * q.flops / peak
+    # the recomputed forward's matrix products are priced by their own rate (`recompute_cost`): what
+    # dropping recomputation saves is calibrated, not assumed to be a whole forward pass
+    step[..., 0, :] = 3.0 * q.flops / peak
+    step[..., 7, :] = (passes - 3.0) * q.flops / peak
     step[..., 1, :] = passes * q.ew_bytes / mbw
     step[..., 2, :] = passes
     step[..., 6, :] = passes * q.flops / np.maximum(q.b, 1e-12) / peak  # one more sample's FLOPs per layer pass
@@ -256,7 +270,9 @@ def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gp
     # with recomputation one layer's activations are rebuilt during its backward
     act = np.broadcast_to(np.where(rc, q.in_act, q.full_act), lead + (n,))
     transient = np.broadcast_to(np.where(rc, q.full_act, 0.0), lead + (n,))
-    return LayerTerms(step, p2p, ar, optim, static, act, transient)
+    microbatch = np.zeros(lead + (V,))
+    microbatch[..., 8] = 1.0
+    return LayerTerms(step, p2p, ar, optim, static, act, transient, microbatch)
 
 
 def layer_costs(table: LayerTable, gpu: GpuSpec, gpu_name: str, links: Links, *, nodes: int,

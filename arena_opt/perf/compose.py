@@ -5,8 +5,8 @@ roofline) and the profiler (measured per-layer times). Everything per layer is
 already for the plan's tp degree and micro-batch size.
 
 Timeline model (1F1B, uniform dp x tp per stage): stage k spends
-T_k = sum(fwd + bwd + tp collectives of its layers) + its outgoing p2p per
-micro-batch; it runs m micro-batches plus a bubble of (pp-1) micro-batch slots,
+T_k = sum(fwd + bwd + tp collectives of its layers) + its outgoing p2p + a fixed
+per-micro-batch cost (dispatch, send/recv synchronisation) per micro-batch; it runs m micro-batches plus a bubble of (pp-1) micro-batch slots,
 then all-reduces its gradients across dp. The iteration ends when the slowest
 stage has finished:
 
@@ -38,16 +38,24 @@ class LayerCosts:
     act_bytes: np.ndarray  # activations kept per in-flight micro-batch on one GPU
     peak_bytes: np.ndarray  # transient working memory while this layer runs (recompute, logits)
     stage_s: float | np.ndarray = 0.0  # paid once per stage and step whatever its layers: the optimizer step call
+    # paid by every stage in every micro-batch slot whatever its layers: the pipeline's per-micro-batch
+    # dispatch and send/recv synchronisation (calibrated: `CostParams.microbatch_overhead_s`)
+    microbatch_s: float | np.ndarray = 0.0
 
     @property
     def num_layers(self) -> int:
         return self.step_s.shape[-1]
 
 
+# per-candidate scalars of LayerCosts (every other field is per layer)
+SCALAR_FIELDS = ("stage_s", "microbatch_s")
+
+
 def stack(costs: list[LayerCosts]) -> LayerCosts:
     """One stack of candidates from single ones (all with the same layers)."""
-    arrays = {f: np.stack([getattr(c, f) for c in costs]) for f in LayerCosts.__dataclass_fields__ if f != "stage_s"}
-    return LayerCosts(**arrays, stage_s=np.array([float(c.stage_s) for c in costs]))
+    arrays = {f: np.stack([getattr(c, f) for c in costs]) for f in LayerCosts.__dataclass_fields__
+              if f not in SCALAR_FIELDS}
+    return LayerCosts(**arrays, **{f: np.array([float(getattr(c, f)) for c in costs]) for f in SCALAR_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,8 @@ def _stacked(lc: LayerCosts) -> LayerCosts:
     """A stack of one from a single candidate (a stack is returned as it is)."""
     if lc.step_s.ndim == 2:
         return lc
-    fields = {f: getattr(lc, f)[None] for f in LayerCosts.__dataclass_fields__ if f != "stage_s"}
-    return LayerCosts(**fields, stage_s=np.array([float(lc.stage_s)]))
+    fields = {f: getattr(lc, f)[None] for f in LayerCosts.__dataclass_fields__ if f not in SCALAR_FIELDS}
+    return LayerCosts(**fields, **{f: np.array([float(getattr(lc, f))]) for f in SCALAR_FIELDS})
 
 
 class _Segments:
@@ -106,6 +114,7 @@ class _Segments:
         self.ST = _prefix(lc.static_bytes)
         self.ACT = _prefix(lc.act_bytes)
         self.stage_s = np.broadcast_to(np.asarray(lc.stage_s, dtype=float), (c,)).reshape(c, 1)
+        self.mb = np.broadcast_to(np.asarray(lc.microbatch_s, dtype=float), (c,)).reshape(c, 1)
         self.p2p_end = np.concatenate([np.zeros((c, 1)), lc.p2p_s], axis=1)  # sent by a segment ending at i
         self.peak = lc.peak_bytes
 
@@ -113,6 +122,7 @@ class _Segments:
         """(T, cost, memory) of stage k over some segments: d maps prefix arrays to their segment sums, end
         picks each segment's last layer (its p2p), peak is their transient memory."""
         t = d(self.S)
+        t = t + (self.mb if t.ndim == 2 else self.mb[:, :, None])
         if k < self.pp - 1:
             t = t + end(self.p2p_end)
         slots = self.slots if t.ndim == 2 else self.slots[:, :, None]
@@ -226,7 +236,7 @@ def _stage_measures(s: _Segments, bounds: np.ndarray):
     times, mems = np.empty((c, pp)), np.empty((c, pp))
     for k in range(pp):
         a, b = bounds[:, k], bounds[:, k + 1]
-        t = s.S[rows, b] - s.S[rows, a]
+        t = s.S[rows, b] - s.S[rows, a] + s.mb[:, 0]
         if k < pp - 1:
             t = t + s.p2p_end[rows, b]
         inside = (layer >= a[:, None]) & (layer < b[:, None])
@@ -253,7 +263,7 @@ def _evaluate(lc: LayerCosts, stages: list[tuple[int, int]], m: int) -> StageSpl
     pp = len(stages)
     costs, mems, times = [], [], []
     for k, (a, b) in enumerate(stages):
-        t = float(lc.step_s[a:b].sum()) + (float(lc.p2p_s[b - 1]) if k < pp - 1 else 0.0)
+        t = float(lc.step_s[a:b].sum()) + (float(lc.p2p_s[b - 1]) if k < pp - 1 else 0.0) + float(lc.microbatch_s)
         costs.append((m + pp - 1) * t + float(lc.allreduce_s[a:b].sum()) + float(lc.optim_s[a:b].sum())
                      + lc.stage_s)
         inflight = min(m, pp - k)

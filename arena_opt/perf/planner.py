@@ -19,7 +19,7 @@ import numpy as np
 
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, links_for
-from arena_opt.perf.compose import LayerCosts, Splits, split_many, stack
+from arena_opt.perf.compose import SCALAR_FIELDS, LayerCosts, Splits, split_many, stack
 from arena_opt.plan import Plan
 from models.catalog import Arch
 
@@ -224,5 +224,5 @@ class Planner:
 
 
 def _row(lc: LayerCosts, c: int) -> LayerCosts:
-    return LayerCosts(**{f: getattr(lc, f)[c] for f in LayerCosts.__dataclass_fields__ if f != "stage_s"},
-                      stage_s=float(np.broadcast_to(lc.stage_s, lc.step_s.shape[:1])[c]))
+    return LayerCosts(**{f: getattr(lc, f)[c] for f in LayerCosts.__dataclass_fields__ if f not in SCALAR_FIELDS},
+                      **{f: float(np.broadcast_to(getattr(lc, f), lc.step_s.shape[:1])[c]) for f in SCALAR_FIELDS})
