@@ -14,6 +14,8 @@ import traceback
 from arena_opt.argtypes import Parser, fraction, nonneg_int, positive_int, seed
 from arena_opt.errors import InputError, Interrupted
 
+_STARTED = time.perf_counter()  # the call's clock (the `arena-opt` program imports this module first)
+
 PRESETS = {
     # name: (GPU type -> (nodes, GPUs per node), jobs)
     "small": ({"a100-40gb": (1, 4), "a40": (1, 2)}, 4),
@@ -64,6 +66,8 @@ def cmd_solve(args) -> int:
     snap = load_model(args.snapshot, ClusterSnapshot)
     est = _estimator(args)
     policy = make_policy(args.policy, options, estimator=est)
+    if hasattr(policy, "started"):
+        policy.started = _STARTED  # the time limit holds for the whole call, reading and planning included
     decision = policy.decide(snap)
     _save_plans(est)
     check_decision(snap, decision)

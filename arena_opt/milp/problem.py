@@ -58,6 +58,18 @@ class ClusterProblem:
         return [("deadline", self.deadline_need, self.deadline_weight),
                 ("makespan", self.guard_need, self.guard_weight)]
 
+    def gain(self) -> np.ndarray:
+        """Per grid: what choosing it adds to `objective` over leaving its job without a grid (its value,
+        the preemption penalty a running job then avoids, the soft-target penalty it removes), the
+        score the greedy selection orders by: at 10,000 jobs most of the objective is deadline penalty,
+        which grid values alone do not see."""
+        j = self.job_of
+        out = self.value + np.where(self.running[j], self.preempt_penalty[j], 0.0)
+        for _, need, weight in self.soft_targets():
+            has = need[j] > 0
+            out = out + np.where(has, weight[j] * np.minimum(1.0, self.throughput / np.where(has, need[j], 1.0)), 0.0)
+        return out
+
     def targeted(self) -> np.ndarray:
         return np.logical_or.reduce([need > 0 for _, need, _ in self.soft_targets()])
 
@@ -191,11 +203,14 @@ def grid_values(jobs, g: _GridArrays, base: np.ndarray, opts: ArenaOptions) -> n
     restart onto it loses, less a per-GPU tie-breaker."""
     value = base[g.job_of] * (g.tput / np.maximum(g.best[g.job_of], 1e-12))
     restart = np.zeros(len(g.flat))
-    for k, x in enumerate(g.flat):
-        if x.current:
-            continue
-        job = jobs[g.job_of[k]]
-        restart[k] = opts.reconfig.delay_s(job.arch, x.num_gpus, resumed=job.total_iterations > job.remaining_iterations)
+    seen: dict[tuple[int, int], float] = {}  # (job, GPUs) -> delay: a job's ~17 grids have a few GPU counts
+    for k, j, n in zip(np.flatnonzero(~g.current).tolist(), g.job_of[~g.current].tolist(),
+                       g.gpus[~g.current].astype(int).tolist()):
+        d = seen.get((j, n))
+        if d is None:
+            job = jobs[j]
+            d = seen[(j, n)] = opts.reconfig.delay_s(job.arch, n, resumed=job.total_iterations > job.remaining_iterations)
+        restart[k] = d
     value -= value * np.minimum(1.0, restart / opts.horizon_s)
     value -= opts.gpu_epsilon * base[g.job_of] * g.gpus / opts.max_gpus_per_job
     return value

@@ -45,11 +45,14 @@ class SolveResult:
     gap: float | None
     build_s: float
     solve_s: float
+    abandoned: bool = False  # HiGHS was still in its run at the deadline and was left behind (see _run_until)
 
 
+ABANDONED = "Abandoned at the deadline"  # run_highs's word for a run left behind, no result
 _PYOMO_STATUS = {"convergenceCriteriaSatisfied": "optimal", "maxTimeLimit": "time_limit",
                  "provenInfeasible": "infeasible", "locallyInfeasible": "infeasible"}
-_HIGHS_STATUS = {"Optimal": "optimal", "Time limit reached": "time_limit", "Infeasible": "infeasible"}
+_HIGHS_STATUS = {"Optimal": "optimal", "Time limit reached": "time_limit", "Infeasible": "infeasible",
+                 ABANDONED: "time_limit"}
 
 
 def solve_problem(p: ClusterProblem, *, time_limit_s: float, mip_gap: float, threads: int,
@@ -79,7 +82,7 @@ def solve_problem(p: ClusterProblem, *, time_limit_s: float, mip_gap: float, thr
         bound = res.bound + const
     if obj is not None and bound is not None:
         gap = abs(bound - obj) / max(abs(obj), 1e-9)
-    return SolveResult(sel, res.status, obj, bound, gap, t_model + res.build_s, res.solve_s)
+    return SolveResult(sel, res.status, obj, bound, gap, t_model + res.build_s, res.solve_s, res.abandoned)
 
 
 @dataclass
@@ -90,6 +93,7 @@ class LinearResult:
     bound: float | None
     build_s: float  # emission (Pyomo model or highspy arrays)
     solve_s: float
+    abandoned: bool = False
 
 
 def solve_linear(lm: LinearModel, *, time_limit_s: float, mip_gap: float, threads: int, backend: str = "highspy",
@@ -101,6 +105,7 @@ def solve_linear(lm: LinearModel, *, time_limit_s: float, mip_gap: float, thread
         raise ValueError(f"backend must be pyomo or highspy, not {backend!r}")
     threads = solver_threads(threads)
     t0 = time.perf_counter()
+    word = None
     with _no_gc():
         if backend == "pyomo":
             from pyomo.contrib.solver.solvers.highs import Highs
@@ -125,7 +130,7 @@ def solve_linear(lm: LinearModel, *, time_limit_s: float, mip_gap: float, thread
             bound = info.mip_dual_bound if info is not None else None
         t2 = time.perf_counter()
     bound = float(bound) if bound is not None and math.isfinite(bound) else None
-    return LinearResult(status, x, obj, bound, t1 - t0, t2 - t1)
+    return LinearResult(status, x, obj, bound, t1 - t0, t2 - t1, word == ABANDONED)
 
 
 def _left(time_limit_s: float, deadline: float | None) -> float:
@@ -200,7 +205,7 @@ def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: n
             for k, v in saved.items():
                 h.setOptionValue(k, v)
     if not done:
-        return "Time limit reached", None, None
+        return ABANDONED, None, None
     word = h.modelStatusToString(h.getModelStatus())
     info = h.getInfo()
     has = info.primal_solution_status >= 2  # feasible point available

@@ -8,7 +8,7 @@ import numpy as np
 
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid, GridCatalog
-from arena_opt.milp.greedy import greedy_select
+from arena_opt.milp.greedy import greedy_start
 from arena_opt.milp.options import ArenaOptions
 from arena_opt.milp.problem import ClusterProblem, build_problem
 from arena_opt.milp.shards import merge, restrict, split
@@ -40,14 +40,20 @@ def candidates(p: ClusterProblem, factor: float | None) -> np.ndarray | None:
     return np.array(sorted(chosen), dtype=int)
 
 
-_AFTER_SOLVE = 0.05  # share of the time limit kept for placement and the decision (1.6 s of 33 s at 10,000 jobs
-#                      on a loaded host; 0.05 of it plus the allowed 10% over covers that)
+_AFTER_SOLVE = 0.05  # least share of the time limit kept for placement and the decision
+_AFTER_GREEDY = 1.3  # ... and at least this many times one greedy variant's wall time: placement packs the jobs
+#                      it chose on the same occupancy engine, then the decision is checked and written (10,000
+#                      jobs: one priced greedy 2.2 s CPU, placement + decision + check + write 3.1 s CPU), so one
+#                      greedy's time, measured under whatever load the host has now, predicts theirs
 
 
 class ArenaPolicy(GridPolicy):
     name = "arena"
     Options = ArenaOptions
     options: ArenaOptions
+    # perf_counter() value the round's time limit counts from when the caller started its clock before the
+    # snapshot reached the policy (the CLI: its start, so reading the snapshot and planning count too)
+    started: float | None = None
 
     def problem(self, snapshot: ClusterSnapshot) -> ClusterProblem:
         grids = GridCatalog.of(self.estimator).all_grids(snapshot, max_gpus_default=self.options.max_gpus_per_job)
@@ -56,9 +62,10 @@ class ArenaPolicy(GridPolicy):
     def choose(self, snapshot: ClusterSnapshot):
         o = self.options
         t0 = time.perf_counter()
-        # the time limit holds for the whole round: grids, model, hand-off and solve, less a share kept
+        # the time limit holds for the whole round: grids, model, hand-off and solve, less what is kept
         # for placement and the decision
-        deadline = t0 + o.time_limit_s * (1 - _AFTER_SOLVE)
+        end = (self.started if self.started is not None else t0) + o.time_limit_s
+        deadline = end - o.time_limit_s * _AFTER_SOLVE
         p = self.problem(snapshot)
         t_grids = time.perf_counter() - t0
         full, jobs, note = p, None, None
@@ -70,15 +77,21 @@ class ArenaPolicy(GridPolicy):
         sharded = o.shards > 1 and p.num_jobs >= 2 * o.shards
         # Pyomo's hand-off of 170,000 binaries alone takes longer than a 10 s limit: large models go as arrays
         backend = o.backend if o.pyomo_max_grids is None or len(p.grids) <= o.pyomo_max_grids else "highspy"
-        start = None
+        start, skipped = None, False
         if sharded:
             res = self._solve_sharded(p, backend, deadline)
         else:
-            # the greedy selection (running jobs kept, free GPUs filled) as HiGHS's first incumbent: the
+            # the greedy selection (greedy_start: the better of two orders) as HiGHS's first incumbent: the
             # search prunes from the root, and a round whose best move gains less than the gap keeps it;
             # it is also the decision when the deadline passes before HiGHS has anything
-            start = greedy_select(p) if backend == "highspy" else None
-            if time.perf_counter() >= deadline:
+            t_greedy, runs = time.perf_counter(), []
+            # half of what is left at most for the greedy variants, the rest for HiGHS
+            start = greedy_start(p, until=t_greedy + (deadline - t_greedy) / 2, runs_s=runs) if backend == "highspy" \
+                else None
+            if runs:
+                deadline = min(deadline, end - _AFTER_GREEDY * max(runs))
+            skipped = time.perf_counter() >= deadline
+            if skipped:
                 res = SolveResult(None, "time_limit", None, None, None, 0.0, 0.0)
             else:
                 res = solve_problem(p, time_limit_s=o.time_limit_s, mip_gap=o.mip_gap, threads=o.threads,
@@ -89,10 +102,12 @@ class ArenaPolicy(GridPolicy):
                             num_grids=len(p.grids), note=note)
         sel = res.selection
         if sel is None:
-            sel = start if start is not None else greedy_select(p)
+            sel = start if start is not None else greedy_start(p)
             stats.fallback = True
             stats.objective = p.objective(sel)
-            stats.note = "; ".join(filter(None, [note, f"solver returned no solution ({res.status}); greedy "
+            why = (" (HiGHS was still in its run at the deadline: left behind)" if res.abandoned else
+                   " (the deadline passed before HiGHS started)" if skipped else "")
+            stats.note = "; ".join(filter(None, [note, f"solver returned no solution ({res.status}){why}; greedy "
                                                        f"feasible decision used"]))
         chosen: dict[str, Grid] = {p.job_ids[j]: p.grids[k] for j, k in sel.items()}
         reasons = dict(full.waiting_reason)
@@ -115,7 +130,7 @@ class ArenaPolicy(GridPolicy):
             build += r.build_s
             solve += r.solve_s
             statuses.append(r.status)
-            parts.append((r.selection if r.selection is not None else greedy_select(sub), jobs, sub))
+            parts.append((r.selection if r.selection is not None else greedy_start(sub), jobs, sub))
         sel = merge(p, parts)
         status = statuses[0] if len(set(statuses)) == 1 else "mixed:" + ",".join(sorted(set(statuses)))
         # shard bounds do not bound the whole problem: no bound or gap is claimed for a merged result
