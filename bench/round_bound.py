@@ -1,30 +1,29 @@
 """The best bound HiGHS proves on one round's monolithic level-1 model, given as long as it takes.
 
-    python bench/round_bound.py SNAPSHOT.json [--time-limit 1800] [--out bench/results]
+    python bench/round_bound.py [SNAPSHOT.json ...] [--gen CLUSTER/JOBS/SEED/RUNNING_FRACTION ...]
+                                [--time-limit 1800] [--out bench/results]
 
 The arena round the CLI solves under a 10 s limit is compared against this (issue 14: objective within 1%
 of the bound). The model is the one `ArenaPolicy.choose` hands to HiGHS unsharded (candidate cut
 included), as arrays, once as its LP relaxation (a bound in seconds to minutes) and once as the MILP with
-the greedy start and the long limit; both bounds are valid, the smaller one is reported. Writes
-round_bound.json and round_bound.md (appending one row per snapshot to what is there).
+the greedy start and the long limit; both bounds are valid, the smaller one is reported. `--gen` as in
+bench/speed.py. Writes round_bound.json and round_bound.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import write_result
+from speed import generated
 
-from _perf_common import command, git_rev, machine  # noqa: E402
-
-from arena_opt.io import atomic_write, load_model, write_json  # noqa: E402
-from arena_opt.milp.greedy import greedy_select  # noqa: E402
+from arena_opt.io import load_model  # noqa: E402
+from arena_opt.milp.greedy import greedy_start  # noqa: E402
 from arena_opt.milp.linear import to_highs  # noqa: E402
 from arena_opt.milp.model import level1_model, model_constant, start_vector  # noqa: E402
 from arena_opt.milp.shards import restrict  # noqa: E402
@@ -51,7 +50,7 @@ def bound_of(snapshot_path: str, time_limit: float) -> dict:
     p, o = round_model(snapshot_path)
     lm = level1_model(p)
     const = model_constant(p)
-    sel = greedy_select(p)
+    sel = greedy_start(p)
     out = {"snapshot": snapshot_path, "jobs": p.num_jobs, "grids": len(p.grids), "rows": lm.num_rows,
            "cols": lm.num_cols, "greedy_objective": p.objective(sel), "load_1min": os.getloadavg()[0]}
     lp = to_highs(lm)
@@ -74,31 +73,33 @@ def bound_of(snapshot_path: str, time_limit: float) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("snapshots", nargs="+")
+    ap.add_argument("snapshots", nargs="*")
+    ap.add_argument("--gen", action="append", default=[], metavar="CLUSTER/JOBS/SEED/RUNNING_FRACTION")
     ap.add_argument("--time-limit", type=float, default=1800.0)
-    ap.add_argument("--out", default="bench/results")
+    # not in bench/run_all.py (a MILP of up to 30 minutes): its result goes to a scratch folder unless asked
+    ap.add_argument("--out", default="/tmp/round_bound")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"command": command(), "machine": machine(), "commit": git_rev(),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    rows = [bound_of(s, args.time_limit) for s in args.snapshots]
-    write_json(out / "round_bound.json", {"meta": meta, "rows": rows})
-    lines = [f"# Best bound HiGHS proves on the monolithic round model\n\nCommand: `{meta['command']}`  \n"
-             f"Machine: {meta['machine']}  \nCommit {meta['commit']}, {meta['date']}.\n",
-             "| snapshot | jobs | grids | rows | LP bound | LP s | MILP status | MILP s | MILP bound | MILP incumbent "
-             "| greedy | best bound | load |", "|" + "---|" * 13]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, snap in [(s, s) for s in args.snapshots] + [(f"gen-instance {g}", generated(g, tmp))
+                                                              for g in args.gen]:
+            rows.append({**bound_of(snap, args.time_limit), "snapshot": label})
     f = lambda v: "-" if v is None else f"{v:.6g}"  # noqa: E731
+    lines = [f"# Best bound HiGHS proves on the monolithic round model\n\nCommand: `python {' '.join(sys.argv)}`\n",
+             "| snapshot | jobs | grids | rows | LP bound | LP s | MILP status | MILP s | MILP bound | MILP incumbent "
+             "| greedy start | best bound | greedy / bound | load |", "|" + "---|" * 14]
     for r in rows:
+        ratio = "-" if not r["best_bound"] else f"{r['greedy_objective'] / r['best_bound']:.4f}"
         lines.append(f"| {r['snapshot']} | {r['jobs']} | {r['grids']} | {r['rows']} | {f(r['lp']['bound'])} | "
                      f"{r['lp']['seconds']:.0f} | {r['mip']['status']} | {r['mip']['seconds']:.0f} | "
                      f"{f(r['mip']['bound'])} | {f(r['mip']['objective'])} | {f(r['greedy_objective'])} | "
-                     f"{f(r['best_bound'])} | {r['load_1min']:.1f} |")
-    atomic_write(out / "round_bound.md", "\n".join(lines) + "\n")
+                     f"{f(r['best_bound'])} | {ratio} | {r['load_1min']:.1f} |")
+    write_result(out / "round_bound.json", {"time_limit_s": args.time_limit, "rows": rows}, "\n".join(lines) + "\n",
+                 inputs=args.snapshots, default=float)
     print("\n".join(lines))
-    print(json.dumps(rows, indent=1))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -67,6 +67,10 @@ BENCHES = (
     Bench("jct_bound.json", ("python bench/jct_bound.py",), 20),
     Bench("bound-tiny.json", ("python bench/bound.py --parts tiny --name bound-tiny",), 30),
     Bench("speed.json", ("python bench/speed.py",), 120),
+    # issue 14's round of 10,000 jobs on 40,960 GPUs, 10% of the GPUs busy and all free
+    Bench("speed-10k.json", ("python bench/speed.py --name speed-10k"
+                             " --gen a100:2560x4,v100:640x16,a40:5120x2,a10:5120x2/10000/7/0.1"
+                             " --gen a100:2560x4,v100:640x16,a40:5120x2,a10:5120x2/10000/7/0.0",), 200),
     Bench("solve.json", ("python bench/solve.py --rounds 3",), 150),
     Bench("speed_drift.json", ("python bench/speed_drift.py --seconds 60",), 70),
     Bench("colocation.json", ("python bench/colocation.py",), 190),

@@ -1,13 +1,17 @@
 """Wall time of one arena round, whole CLI call included, cold (empty plan cache) and warm, per instance.
 
-    python bench/speed.py [--out bench/results] [--time-limit 10] [SNAPSHOT.json ...]
+    python bench/speed.py [--out bench/results] [--time-limit 10] [--name speed] [--gen SPEC ...] [SNAPSHOT.json ...]
+
+`--gen CLUSTER/JOBS/SEED/RUNNING_FRACTION` adds a snapshot made by `arena-opt gen-instance` (deterministic
+by its seed) in a scratch folder, e.g. the issue-14 round of 10,000 jobs on 40,960 GPUs:
+`--gen a100:2560x4,v100:640x16,a40:5120x2,a10:5120x2/10000/7/0.1`.
 
 Each snapshot is solved by `arena-opt solve` in a fresh process, once with ARENA_OPT_CACHE empty (cold:
 every plan is planned) and once with a plan cache that the cold run wrote (warm). The decision's stats
 give the phases (grids and plans, model + hand-off, solve, the rest of the round: placement and the
 decision); /usr/bin/time-like figures (wall, CPU, peak memory) come from the child's rusage. The load
 average is recorded beside every timing: the machine this runs on is shared, and CPU s / wall s is the
-share of a core the run got. Writes speed.json and speed.md.
+share of a core the run got. Writes NAME.json and NAME.md.
 """
 
 from __future__ import annotations
@@ -48,15 +52,28 @@ def one_call(snapshot: str, cache: str, time_limit: float) -> dict:
             "bound": stats["bound"], "grids": stats["num_grids"]}
 
 
+def generated(spec: str, folder: str) -> str:
+    """The snapshot `arena-opt gen-instance` makes from CLUSTER/JOBS/SEED/RUNNING_FRACTION, in `folder`."""
+    cluster, jobs, seed, frac = spec.split("/")
+    path = str(Path(folder) / f"gen-{jobs}-{seed}-{frac}.json")
+    subprocess.run([sys.executable, "-m", "arena_opt.cli", "gen-instance", "--cluster", cluster, "--jobs", jobs,
+                    "--seed", seed, "--running-fraction", frac, "-o", path], check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("snapshots", nargs="*", default=DEFAULT)
+    ap.add_argument("snapshots", nargs="*")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--name", default="speed")
+    ap.add_argument("--gen", action="append", default=[], metavar="CLUSTER/JOBS/SEED/RUNNING_FRACTION")
     args = ap.parse_args(argv)
+    files = args.snapshots or ([] if args.gen else DEFAULT)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for snap in args.snapshots:
+        snaps = [(s, s) for s in files] + [(f"gen-instance {g}", generated(g, tmp)) for g in args.gen]
+        for label, snap in snaps:
             jobs_gpus = _size(snap)
             cache = str(Path(tmp) / (Path(snap).stem + ".plan-cache.json"))
             # cold: planning from scratch, the plans kept in `cache` for the warm call (the CLI writes it)
@@ -64,7 +81,7 @@ def main(argv=None) -> int:
             one_call(snap, cache, args.time_limit)
             warm = one_call(snap, cache, args.time_limit)
             for kind, r in (("cold", cold), ("warm", warm)):
-                rows.append({"snapshot": snap, "kind": kind, **jobs_gpus, **r})
+                rows.append({"snapshot": label, "kind": kind, **jobs_gpus, **r})
     # peak_rss_mib is the largest child so far (rusage of children is a running maximum)
     meta = {"command": " ".join(["python", *sys.argv]), "machine": machine(), "commit": git_rev(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "time_limit_s": args.time_limit}
@@ -73,13 +90,13 @@ def main(argv=None) -> int:
     lines = [f"# Round wall time, cold and warm\n\nCommand: `{meta['command']}`  \nMachine: {meta['machine']}  \n"
              f"Commit {meta['commit']}, {meta['date']}, time limit {args.time_limit} s.\n",
              "| snapshot | jobs | GPUs | grids | plans | call wall s | CPU s | load | round s | grids+plans s | "
-             "solve s | status | fallback | peak MiB |", "|" + "---|" * 14]
+             "solve s | status | fallback | objective | peak MiB |", "|" + "---|" * 15]
     for r in rows:
         lines.append(f"| {r['snapshot']} | {r['jobs']} | {r['gpus']} | {r['grids']} | {r['kind']} | {r['wall_s']:.2f} | "
                      f"{r['cpu_s']:.2f} | {r['load_1min']:.1f} | {r['round_s']:.2f} | {r['grids_s']:.2f} | "
-                     f"{r['solve_s']:.2f} | {r['status']} | {r['fallback']} | {r['peak_rss_mib']:.0f} |")
-    write_result(out / "speed.json", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n",
-                 inputs=args.snapshots)
+                     f"{r['solve_s']:.2f} | {r['status']} | {r['fallback']} | {r['objective']:.6g} | {r['peak_rss_mib']:.0f} |")
+    write_result(out / f"{args.name}.json", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n",
+                 inputs=files)
     print("\n".join(lines))
     return 0
 
