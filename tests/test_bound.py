@@ -194,3 +194,32 @@ def test_cli_bench_reports_the_bound(tmp_path):
     assert (tmp_path / "jct_over_bound.png").stat().st_size > 0
     ratios = [float(row.split("|")[4]) for row in table.splitlines()[2:]]
     assert len(ratios) == 2 and all(r >= 1.0 for r in ratios) and bound > 0
+
+
+def test_share_knapsack_matches_a_greedy_by_hand():
+    from arena_opt.bound.lp import _share_knapsack
+
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        n = int(rng.integers(1, 30))
+        e, cap, job = rng.normal(size=n), rng.uniform(0, 0.8, size=n), rng.integers(0, 4, size=n)
+        want = 0.0
+        for j in set(job.tolist()):
+            left = 1.0
+            for i in sorted(np.flatnonzero((job == j) & (e < 0)), key=lambda i: e[i]):
+                take = min(left, cap[i])
+                want += e[i] * take
+                left -= take
+        assert _share_knapsack(e, cap, job) == pytest.approx(want, abs=1e-12)
+
+
+def test_coarse_pass_first_and_the_best_valid_bound_kept():
+    ti = TinyInstance(3, 60.0, (TinyJob(0, 5, ((1, 1), (2, 2), (3, 2))), TinyJob(1, 4, ((1, 2),)),
+                                TinyJob(1, 6, ((2, 1), (3, 3))), TinyJob(2, 3, ((1, 1), (3, 2)))))
+    inst = ti.bound_instance()
+    res = solve(inst, BoundOptions(epsilon=0.25, solver="simplex"))
+    assert [p["epsilon"] for p in res.passes][:2] == [1.0, 0.25]
+    assert res.avg_jct_bound_s == pytest.approx(max(p["bound_s"] for p in res.passes), abs=1e-9)
+    assert res.avg_jct_bound_s <= optimum(ti) * (1 + 1e-9) + 1e-6
+    alone = solve(inst, BoundOptions(epsilon=0.25, solver="simplex", first_epsilon=None))
+    assert [p["epsilon"] for p in alone.passes] == [0.25] * len(alone.passes)

@@ -38,6 +38,11 @@ class BoundOptions(BaseModel):
     horizon_s: PositiveFloat | None = Field(None, description="capacity is modelled up to here (default: "
                                                               "from the work; doubled while work spills past it)")
     max_doublings: int = Field(3, ge=0)
+    tail_tol: float = Field(1e-4, ge=0.0, description="double the horizon only while more than this share of "
+                                                       "the work lies past it (any horizon's LP is a bound)")
+    first_epsilon: PositiveFloat | None = Field(1.0, le=1.0, description="solve this coarser LP first where "
+                                                                         "epsilon is finer: a valid bound if "
+                                                                         "the finer LP runs out of time")
     time_limit_s: PositiveFloat = 900.0
     threads: PositiveInt = 2
     method: str = Field("full", pattern="^(colgen|full)$",
@@ -67,6 +72,7 @@ class BoundResult:
     options: dict = field(default_factory=dict)
     colgen_rounds: int = 0
     completion_s: dict[str, float] = field(default_factory=dict)  # job -> the LP's C - submit
+    passes: list[dict] = field(default_factory=list)  # every LP solved: epsilon, horizon, status, bound, size, s
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -86,6 +92,7 @@ class _Model:
     vals: np.ndarray
     c_cols: np.ndarray  # column of each job's C
     y_work: tuple  # (columns of y, coefficient into work share, in tail?) for the tail share
+    y_job: np.ndarray  # job (commodity) of each y column of y_work
     y_first: np.ndarray  # y columns column generation starts from (each job alone, from its release)
 
 
@@ -156,6 +163,7 @@ def build(inst: BoundInstance, opts: BoundOptions, horizon: int) -> _Model:
     # block bookkeeping for capacity: (level, index) -> id
     block_id: dict[tuple[int, int], int] = {}
     ys_cols, ys_block, ys_type, ys_gpus, ys_tail, ys_inv_p, ys_first = [], [], [], [], [], [], []
+    ys_job = []
     for j, job in enumerate(inst.jobs):
         p = np.array([g.seconds / cell for g in job.grids])
         gpus = np.array([g.gpus for g in job.grids], dtype=float)
@@ -213,6 +221,7 @@ def build(inst: BoundInstance, opts: BoundOptions, horizon: int) -> _Model:
         ys_gpus.append(np.repeat(gpus, nb))
         ys_tail.append(np.tile(~fin, k))
         ys_inv_p.append(inv_p.ravel())
+        ys_job.append(np.full(k * nb, j))
         # the master starts with the job alone on its fastest grid from its release, and every grid's tail
         fastest = (p == p.min())[:, None]
         ys_first.append(((fastest & (starts[None, :] < rel[j] + 2 * p.min())) | ~fin[None, :]).ravel())
@@ -270,20 +279,53 @@ def build(inst: BoundInstance, opts: BoundOptions, horizon: int) -> _Model:
     vals = np.concatenate(r_vals)
     return _Model(np.array(cost), np.array(col_lo, dtype=float), np.array(col_hi, dtype=float),
                   np.array(row_lo, dtype=float), np.array(row_hi, dtype=float), rows, cols, vals,
-                  np.arange(c_first, c_first + n), (ycol, yinvp, ytail), ycol[np.concatenate(ys_first)])
+                  np.arange(c_first, c_first + n), (ycol, yinvp, ytail), np.concatenate(ys_job),
+                  ycol[np.concatenate(ys_first)])
 
 
 def _lagrangian(m: _Model, y: np.ndarray) -> float:
-    """min over the column box of c x + y (s - A x), s in [row_lo, row_hi]: a lower bound on the LP for
-    any y. Duals of the wrong sign for an infinite row side are set to 0 (any y is allowed)."""
+    """min over D of c x + y (s - A x), s in [row_lo, row_hi]: a lower bound on the LP for any y, for any
+    set D of columns that holds the LP's optimum. D is the column box, and for each job's time columns
+    also "their shares y / p sum to at most 1" (every schedule's image and every LP point sum them to
+    exactly 1): without it a job's many time columns of negative reduced cost each count at their box's
+    top, which sank the bound of early column-generation rounds far below zero. Duals of the wrong sign
+    for an infinite row side are set to 0 (any y is allowed)."""
     y = np.where((y > 0) & ~np.isfinite(m.row_lo), 0.0, y)
     y = np.where((y < 0) & ~np.isfinite(m.row_hi), 0.0, y)
     row_term = np.where(y > 0, y * np.where(np.isfinite(m.row_lo), m.row_lo, 0.0),
                         y * np.where(np.isfinite(m.row_hi), m.row_hi, 0.0)).sum()
     aty = np.bincount(m.cols, weights=m.vals * y[m.rows], minlength=len(m.cost))
     d = m.cost - aty
-    col_term = np.where(d > 0, d * m.lo, d * m.hi).sum()
-    return float(row_term + col_term)
+    ycol, yinvp, _ = m.y_work
+    box = np.ones(len(d), dtype=bool)
+    box[ycol] = False
+    col_term = np.where(d[box] > 0, d[box] * m.lo[box], d[box] * m.hi[box]).sum()
+    return float(row_term + col_term + _share_knapsack(d[ycol] / yinvp, m.hi[ycol] * yinvp, m.y_job))
+
+
+def _share_knapsack(per_share: np.ndarray, cap: np.ndarray, job: np.ndarray) -> float:
+    """sum over jobs of min sum e s, 0 <= s <= cap, sum s <= 1 (s: share of the work, e: reduced cost per
+    share): per job the most negative shares first (a fractional knapsack; the lower bounds are 0)."""
+    neg = per_share < 0
+    e, c, jb = per_share[neg], cap[neg], job[neg]
+    if len(e) == 0:
+        return 0.0
+    order = np.lexsort((e, jb))
+    e, c, jb = e[order], c[order], jb[order]
+    cum = np.cumsum(c)
+    first = np.r_[True, jb[1:] != jb[:-1]]
+    base = np.maximum.accumulate(np.where(first, cum - c, 0.0))  # share taken by the job's earlier columns
+    before = cum - c - base
+    take = np.clip(1.0 - before, 0.0, c)
+    return float((e * take).sum())
+
+
+def _passes(opts: BoundOptions) -> list[BoundOptions]:
+    """The LPs solve() runs in turn: the coarse one first where it is coarser (a valid bound early), then
+    the one asked for."""
+    if opts.first_epsilon is not None and opts.first_epsilon > opts.epsilon:
+        return [opts.model_copy(update={"epsilon": opts.first_epsilon, "max_doublings": 0}), opts]
+    return [opts]
 
 
 def solve(inst: BoundInstance, opts: BoundOptions | None = None) -> BoundResult:
@@ -291,33 +333,44 @@ def solve(inst: BoundInstance, opts: BoundOptions | None = None) -> BoundResult:
     cell = inst.interval_s / opts.cells_per_interval
     mean_submit = float(np.mean([j.submit for j in inst.jobs]))
     cfree = float(np.mean([j.release - j.submit + j.p_min for j in inst.jobs]))
+    to_s = inst.origin - mean_submit
     t_build = t_solve = 0.0
     deadline = time.perf_counter() + opts.time_limit_s
     rounds = 0
-    kept = None  # every horizon's LP bounds the average JCT: keep the highest valid one
-    for doubling in range(opts.max_doublings + 1):
-        horizon = _horizon_cells(inst, cell, opts, doubling)
-        t0 = time.perf_counter()
-        m = build(inst, opts, horizon)
-        t1 = time.perf_counter()
-        if opts.method == "full":
-            word, obj, x, lag = _run_full(m, opts, deadline - t1)
-        else:
-            word, obj, x, lag, rounds = _run_colgen(m, opts, deadline)
-        t2 = time.perf_counter()
-        t_build += t1 - t0
-        t_solve += t2 - t1
-        tail = 0.0
-        if x is not None:
-            ycol, yinvp, ytail = m.y_work
-            tail = float((x[ycol[ytail]] * yinvp[ytail]).sum() / len(inst.jobs))
-        valid = lag is not None and math.isfinite(lag)
-        if kept is None or (valid and (kept[0] is None or lag > kept[0])):
-            kept = (lag if valid else None, word, obj, x, m, horizon, tail)
-        if opts.horizon_s is not None or tail <= 1e-9 or word != "optimal" or time.perf_counter() > deadline:
+    kept = None  # every LP below bounds the average JCT: keep the highest valid one
+    log = []
+    for po in _passes(opts):
+        for doubling in range(po.max_doublings + 1):
+            horizon = _horizon_cells(inst, cell, po, doubling)
+            t0 = time.perf_counter()
+            m = build(inst, po, horizon)
+            t1 = time.perf_counter()
+            if po.method == "full":
+                word, obj, x, lag = _run_full(m, po, deadline - t1)
+            else:
+                word, obj, x, lag, rounds = _run_colgen(m, po, deadline)
+            t2 = time.perf_counter()
+            t_build += t1 - t0
+            t_solve += t2 - t1
+            tail = 0.0
+            if x is not None:
+                ycol, yinvp, ytail = m.y_work
+                tail = float((x[ycol[ytail]] * yinvp[ytail]).sum() / len(inst.jobs))
+            valid = lag is not None and math.isfinite(lag)
+            log.append({"epsilon": po.epsilon, "horizon_s": horizon * cell, "status": word,
+                        "bound_s": lag * cell + to_s if valid else None, "columns": len(m.cost),
+                        "rows": len(m.row_lo), "nonzeros": len(m.vals), "build_s": t1 - t0, "solve_s": t2 - t1,
+                        "tail_work": tail})
+            if kept is None or (valid and (kept[0] is None or lag > kept[0])):
+                kept = (lag if valid else None, word, obj, x, m, horizon, tail)
+            # a doubled horizon is a larger LP: try it only where work spilled past this one and the time
+            # left is at least twice what this one took
+            if (po.horizon_s is not None or tail <= po.tail_tol or word != "optimal"
+                    or deadline - time.perf_counter() < 2 * (t2 - t0)):
+                break
+        if time.perf_counter() > deadline:
             break
     lag, word, obj, x, m, horizon, tail = kept
-    to_s = inst.origin - mean_submit
     bound = lag * cell + to_s if lag is not None and math.isfinite(lag) else None
     comp = {}
     if x is not None:
@@ -326,7 +379,7 @@ def solve(inst: BoundInstance, opts: BoundOptions | None = None) -> BoundResult:
                       status=word, jobs=len(inst.jobs), rejected=len(inst.rejected), contention_free_s=cfree,
                       horizon_s=horizon * cell, tail_work=tail, columns=len(m.cost), rows=len(m.row_lo),
                       nonzeros=len(m.vals), build_s=t_build, solve_s=t_solve, options=opts.model_dump(),
-                      completion_s=comp)
+                      completion_s=comp, passes=log)
     res.colgen_rounds = rounds
     return res
 
