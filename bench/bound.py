@@ -64,8 +64,10 @@ def small(opts: BoundOptions) -> dict:
     from arena_opt.sim.config import load_inputs
     from arena_opt.sim.run import simulate
 
-    settings = {"default": {}, "epsilon 0.25": {"epsilon": 0.25}, "epsilon 0.125": {"epsilon": 0.125},
-                "fastest-grid cut only": {"grid_cuts": False}}
+    settings = {"default": {}, "epsilon 1 (the coarse first pass alone)": {"epsilon": 1.0},
+                "epsilon 0.25": {"epsilon": 0.25}, "epsilon 0.125": {"epsilon": 0.125},
+                "fastest-grid cut only": {"grid_cuts": False},
+                "horizon doubled on any spill (tail_tol 0)": {"tail_tol": 0.0}}
     out: dict = {"settings": {}}
     for name, upd in settings.items():
         _, rec = config_bound(SMALL, opts.model_copy(update=upd))
@@ -130,6 +132,15 @@ def tiny(opts: BoundOptions, n: int = 40) -> dict:
             "contention_free_ratio_mean": float(np.mean([r["contention_free_s"] / r["optimum_s"] for r in rows]))}
 
 
+def _pass_table(passes: list[dict]) -> str:
+    return md_table(["epsilon", "horizon (h)", "status", "bound (s)", "columns", "rows", "nonzeros", "build s",
+                     "solve s", "work past horizon"],
+                    [[p["epsilon"], f"{p['horizon_s'] / 3600:,.0f}", p["status"],
+                      "-" if p["bound_s"] is None else f"{p['bound_s']:,.1f}", f"{p['columns']:,}", f"{p['rows']:,}",
+                      f"{p['nonzeros']:,}", f"{p['build_s']:.1f}", f"{p['solve_s']:.1f}", f"{p['tail_work']:.1e}"]
+                     for p in passes])
+
+
 def _policy_rows(pol: dict) -> list[list]:
     return [[p, f"{v['avg_jct_s']:,.0f}", f"{v['over_bound']:.3f}",
              "-" if v.get("contention_free_s") is None else f"{v['avg_jct_s'] / v['contention_free_s']:.3f}"]
@@ -159,7 +170,7 @@ def main(argv=None) -> int:
         if rec is not None and rec["avg_jct_bound_s"] is None:
             md += ["## Philly (Arena's setup, as bench/simulate.py)\n",
                    f"No bound: HiGHS ended with status {rec['status']!r} without usable duals after "
-                   f"{rec['total_s']:.0f} s ({rec['columns']:,} columns).\n"]
+                   f"{rec['total_s']:.0f} s ({rec['columns']:,} columns).\n", _pass_table(rec["passes"])]
         elif rec is not None:
             md += ["## Philly (Arena's setup, as bench/simulate.py)\n",
                    f"Bound: average JCT >= **{rec['avg_jct_bound_s']:,.0f} s** over {rec['jobs']} jobs "
@@ -168,6 +179,8 @@ def main(argv=None) -> int:
                    f"{rec['rows']:,} rows; instance {rec['instance_s']:.1f} s, LP build {rec['build_s']:.1f} s, "
                    f"solve {rec['solve_s']:.1f} s, total {rec['total_s']:.1f} s. Work past the horizon: "
                    f"{rec['tail_work']:.2e}.\n",
+                   "Every LP it solved (the coarse first pass, then the one asked for; a valid bound from each):\n",
+                   _pass_table(rec["passes"]),
                    f"Policies from {rec['policies_from']}:\n",
                    md_table(["policy", "avg JCT (s)", "avg JCT / LP bound", "avg JCT / contention-free"],
                             _policy_rows(rec["policies"]))]
@@ -190,6 +203,8 @@ def main(argv=None) -> int:
                f"{t['ratio_min']:.3f}; exact on {t['exact']}; above the optimum on {t['violations']}. With the "
                f"hull reduction: mean {t['ratio_hull_mean']:.3f}. Contention-free / optimum: mean "
                f"{t['contention_free_ratio_mean']:.3f}.\n"]
+    payload["load_avg_at_end"] = os.getloadavg()
+    md.append(f"Load average at the end: {payload['load_avg_at_end'][0]:.1f}.\n")
     inputs = [ROOT / "bench/results/simulate.json"] if payload.get("philly") else []  # the policies' JCTs
     write(Path(args.out), args.name, payload, "\n".join(md) + "\n", inputs=inputs)
     print("\n".join(md))
