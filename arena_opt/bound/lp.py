@@ -428,10 +428,13 @@ _STATUS = {"Optimal": "optimal", "Time limit reached": "time_limit"}
 
 def _run_full(m: _Model, opts: BoundOptions, time_left: float):
     """Every column at once: (status, objective, column values, Lagrangian bound)."""
-    from arena_opt.milp.solve import highs_solution, run_highs
+    from arena_opt.milp.solve import _highs, highs_solution, run_highs
 
     lp = _lp(m, np.arange(len(m.cost)), _csc(m))
-    word, info, col = run_highs(lp, time_limit_s=max(1.0, time_left), mip_gap=0.0, threads=opts.threads,
+    # HiGHS compares its time limit with the instance's run time summed over every run so far (measured:
+    # a second LP on the shared instance stopped after limit - first run's seconds), so add that sum
+    word, info, col = run_highs(lp, time_limit_s=_highs().getRunTime() + max(1.0, time_left), mip_gap=0.0,
+                                threads=opts.threads,
                                 options={"solver": opts.solver})
     sol = highs_solution()
     lag = _lagrangian(m, np.asarray(sol.row_dual)) if sol is not None and sol.dual_valid else None
@@ -458,7 +461,7 @@ def _run_colgen(m: _Model, opts: BoundOptions, deadline: float):
         h.model.passModel(_lp(m, cols, csc))
         best, rounds, word, obj, x = -math.inf, 0, "not run", None, None
         while True:
-            h.model.setOptionValue("time_limit", max(1.0, deadline - time.perf_counter()))
+            h.model.setOptionValue("time_limit", h.model.getRunTime() + max(1.0, deadline - time.perf_counter()))
             h.model.run()
             rounds += 1
             word = _STATUS.get(h.model.modelStatusToString(h.model.getModelStatus()), "other")
