@@ -66,6 +66,7 @@ BENCHES = (
     Bench("proxy_quality.json", ("python bench/proxy_quality.py",), 30, after=("estimator.json",)),
     Bench("jct_bound.json", ("python bench/jct_bound.py",), 20),
     Bench("bound-tiny.json", ("python bench/bound.py --parts tiny --name bound-tiny",), 30),
+    Bench("bound-small.json", ("python bench/bound.py --parts small --name bound-small",), 400),
     Bench("speed.json", ("python bench/speed.py",), 120),
     # issue 14's round of 10,000 jobs on 40,960 GPUs, 10% of the GPUs busy and all free
     Bench("speed-10k.json", ("python bench/speed.py --name speed-10k"
