@@ -36,6 +36,7 @@ def bounded(kind: type, lo: float | None = None, hi: float | None = None, *, lo_
 
 
 finite_float = bounded(float)
+band_quantile = bounded(float, 0.5, 1, hi_open=True)  # a quantile of an error band at or above its median
 positive_float = bounded(float, 0, lo_open=True)
 nonneg_float = bounded(float, 0)
 positive_int = bounded(int, 0, lo_open=True)

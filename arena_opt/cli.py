@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 
-from arena_opt.argtypes import Parser, fraction, nonneg_int, positive_int, seed
+from arena_opt.argtypes import Parser, band_quantile, fraction, nonneg_int, positive_int, seed
 from arena_opt.errors import InputError, Interrupted
 
 _STARTED = time.perf_counter()  # the call's clock (the `arena-opt` program imports this module first)
@@ -31,8 +31,10 @@ def _estimator(args):
     from arena_opt.perf.planner import plan_cache_path
     from arena_opt.perf.table import PerfTable
 
+    from arena_opt.perf.band import default_band
+
     table = PerfTable.load(args.perf_table) if getattr(args, "perf_table", None) else None
-    est = PerfEstimator(table=table, table_mode=getattr(args, "table_mode", "override"))
+    est = PerfEstimator(table=table, table_mode=getattr(args, "table_mode", "override"), band=default_band())
     path = plan_cache_path()
     if path is not None:
         est.planner.load_cache(path)
@@ -87,6 +89,7 @@ def cmd_solve(args) -> int:
 def cmd_plan(args) -> int:
     from arena_opt.gpus import BUILTIN_GPUS, canonical_gpu
     from arena_opt.grids import GridCatalog, compact_shape
+    from arena_opt.milp.options import PolicyOptions
     from arena_opt.perf.analytical import cost_table
     from arena_opt.perf.estimator import GridShape
     from arena_opt.perf.planner import why_no_plan
@@ -105,7 +108,8 @@ def cmd_plan(args) -> int:
         raise InputError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {gpn}")
     nodes, per = compact_shape(args.gpus, gpn)
     est = _estimator(args)
-    catalog = GridCatalog.of(est)
+    caution = args.caution if args.caution is not None else PolicyOptions.model_fields["caution"].default
+    catalog = GridCatalog.of(est, caution)
     layers = cost_table(arch, est.planner.params).num_layers
     rows = []
     pp = 1
@@ -196,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=positive_int, required=True)
     p.add_argument("--gpus-per-node", type=positive_int)
     p.add_argument("--perf-table")
+    p.add_argument("--caution", type=band_quantile,
+                   help="band quantile the 'decided s' column prices each plan at, as the policies do "
+                        "(default: PolicyOptions.caution, the band's upper edge)")
     p.set_defaults(func=cmd_plan)
 
     v = sub.add_parser("validate", help="check a snapshot")

@@ -12,6 +12,22 @@ Action = Literal["start", "keep", "reshape", "migrate", "preempt", "wait"]
 RUNNING_ACTIONS = ("start", "keep", "reshape", "migrate")
 
 
+class EstimateBand(BaseModel):
+    """The error band of a chosen grid's estimate (arena_opt/perf/band.py), seconds per iteration alone."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nominal_s: NonNegativeFloat = Field(description="the model's own estimate")
+    lo_s: NonNegativeFloat
+    hi_s: NonNegativeFloat
+    level: float = Field(gt=0, lt=1, description="nominal coverage of [lo_s, hi_s]")
+    decided_s: NonNegativeFloat = Field(description="the conservative time the policy decided on (est_iter_time_s "
+                                                    "before co-location)")
+    caution: float | None = Field(None, description="the band quantile decided_s is (PolicyOptions.caution)")
+    group: str = Field(description="the calibration residuals it comes from (family / GPU count class)")
+    outside: list[str] = Field(default_factory=list, description="what of the plan lies outside the measured region")
+
+
 class JobDecision(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -32,6 +48,8 @@ class JobDecision(BaseModel):
                                   "or a rack uplink with this one; 1 = nothing shared; None = not modelled "
                                   "(est_iter_time_s and est_throughput are then the plan's alone)")
     est_mem_per_gpu_gib: NonNegativeFloat | None = None
+    est_band: EstimateBand | None = Field(None, description="error band of the plan's estimate; None: measured "
+                                                           "or the estimator has no band")
     reason: str | None = Field(None, description="why the job waits or was preempted")
 
     @property

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from arena_opt.gpus import GpuSpec
+from arena_opt.perf.band import BandModel
 from arena_opt.perf.estimator import GridShape, PerfEstimator
 from arena_opt.perf.planner import GridPlans, PlanResult
 from arena_opt.snapshot import ClusterSnapshot, Job, Node
@@ -92,17 +93,24 @@ class GridCatalog:
     A workload's options (every pipeline depth per pool and power-of-two count) are computed once per
     (model, batch, limits, cluster pools); a round only stamps a job id and the running grid on them."""
 
-    _of: "weakref.WeakKeyDictionary[PerfEstimator, GridCatalog]" = weakref.WeakKeyDictionary()
+    _of: "weakref.WeakKeyDictionary[PerfEstimator, dict[float | None, GridCatalog]]" = weakref.WeakKeyDictionary()
 
     @classmethod
-    def of(cls, estimator: PerfEstimator) -> "GridCatalog":
-        cat = cls._of.get(estimator)
+    def of(cls, estimator: PerfEstimator, caution: float | None = None) -> "GridCatalog":
+        """`caution`: the quantile of each estimate's error band that its grid is priced at (policies
+        pass their `PolicyOptions.caution`); None, or an estimator without a band, prices the estimate
+        itself (the simulator's truth)."""
+        per = cls._of.get(estimator)
+        if per is None:
+            per = cls._of[estimator] = {}
+        cat = per.get(caution)
         if cat is None:
-            cat = cls._of[estimator] = cls(estimator)
+            cat = per[caution] = cls(estimator, caution)
         return cat
 
-    def __init__(self, estimator: PerfEstimator):
+    def __init__(self, estimator: PerfEstimator, caution: float | None = None):
         self._estimator = weakref.ref(estimator)  # the catalogue must not keep its estimator alive
+        self.caution = caution
         self._version = estimator.version
         self._plans: dict[tuple, GridPlans] = {}
         self._workloads: dict[tuple, _JobOptions] = {}
@@ -131,12 +139,17 @@ class GridCatalog:
 
     # ---- estimates of one shape ------------------------------------------------------------------
     def plans(self, arch: Arch, batch: int, gpu: GpuSpec, intra_link: str | None, shape: GridShape) -> GridPlans:
-        """The estimator's plans of one grid shape (proxy and Pareto set), at the current version."""
+        """The estimator's plans of one grid shape (proxy and Pareto set), at the current version, each
+        priced at the catalogue's caution (`price`)."""
         self._fresh()
         key = (arch, batch, gpu, intra_link, shape)
         hit = self._plans.get(key)
         if hit is None:
-            hit = self._plans[key] = self.estimator.grid(arch, batch, gpu, intra_link, shape)
+            est = self.estimator
+            hit = est.grid(arch, batch, gpu, intra_link, shape)
+            if est.band is not None and hit.proxy is not None and not est.measured(arch.name, batch, shape):
+                hit = price(hit, est.band, arch.family, shape.num_gpus, self.caution)
+            self._plans[key] = hit
         return hit
 
     # ---- a job's grids -----------------------------------------------------------------------------
@@ -325,6 +338,22 @@ def _current_shape(job: Job, node_map: dict[str, Node]):
     first = used[0]
     per_node = max(len(g) for g in job.running.placement.values())
     return ((first.gpu_type, first.num_gpus, first.intra_link), len(used), per_node, job.running.plan.pp)
+
+
+def price(plans: GridPlans, band: BandModel, family: str, num_gpus: int, caution: float | None) -> GridPlans:
+    """Every plan with its error band and its time set to the band's `caution` quantile: the one place
+    grid times become conservative. The proxy is the fastest plan at that price (the band can move it
+    off a plan whose micro-batch count was never measured)."""
+    def one(r: PlanResult) -> PlanResult:
+        b = band.band(r.iter_time_s, family, num_gpus, r.plan.num_microbatches, caution)
+        return replace(r, iter_time_s=b.decided_s, band=b)
+
+    pareto, best_mem = [], float("inf")
+    for r in sorted((one(r) for r in plans.pareto), key=lambda r: (r.iter_time_s, r.mem_gib)):
+        if r.mem_gib < best_mem - 1e-9:  # still a (time, memory) front at the new prices
+            pareto.append(r)
+            best_mem = r.mem_gib
+    return GridPlans(pareto[0], pareto)
 
 
 def job_grids(job: Job, snapshot: ClusterSnapshot, estimator: PerfEstimator, *, max_gpus_default: int = 16,

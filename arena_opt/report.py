@@ -62,14 +62,24 @@ def print_decision(snap: ClusterSnapshot, d: Decision, console: Console | None =
 def print_plans(arch, batch: int, gpu: str, nodes: int, per_node: int, rows, console: Console | None = None) -> None:
     console = console or _console()
     t = Table(title=f"{arch.name} batch {batch} on {nodes}x{per_node} {gpu}")
-    for col in ("grid pp", "", "plan", "stages (layers)", "iter s", "samples/s", "GiB/GPU"):
+    bands = [r.band for _, plans, _ in rows for r in plans.pareto if r.band is not None]
+    level = f" ({100 * bands[0].level:.0f}%)" if bands else ""
+    cols = ["grid pp", "", "plan", "stages (layers)", "iter s", f"band s{level}", "decided s", "samples/s", "GiB/GPU"]
+    for col in cols:
         t.add_column(col)
     for pp, plans, why in rows:
         if plans.proxy is None:
-            t.add_row(str(pp), "", why or "no plan fits in memory", "", "", "", "")
+            t.add_row(str(pp), "", why or "no plan fits in memory", *[""] * (len(cols) - 3))
             continue
         for r in plans.pareto:
             tag = "proxy" if r is plans.proxy else "pareto"
+            bd = r.band
+            # samples/s at the decided (conservative) time: what the policies rank by
             t.add_row(str(pp), tag, r.plan.describe(), " ".join(f"{a}-{b - 1}" for a, b in r.plan.stages),
+                      f"{bd.nominal_s if bd else r.iter_time_s:.3f}",
+                      f"{bd.lo_s:.3f}-{bd.hi_s:.3f}" + ("*" if bd.outside else "") if bd else "-",
                       f"{r.iter_time_s:.3f}", f"{r.throughput:.1f}", f"{r.mem_gib:.1f}")
     console.print(t)
+    outside = sorted({o for b in bands for o in b.outside})
+    if outside:
+        console.print("* outside the calibrated region, band widened: " + "; ".join(outside))

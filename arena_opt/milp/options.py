@@ -29,6 +29,14 @@ class PolicyOptions(BaseModel):
                     "est_slowdown null). On by default: jobs that share a PCIe fabric or a rack uplink do slow "
                     "each other. Every policy places through the occupancy engine with it")
 
+    caution: float | None = Field(
+        0.9, ge=0.5, lt=1.0,
+        description="quantile of each estimate's error band (arena_opt/perf/band.py) that grids are priced at, "
+                    "where the estimator carries a band; None: the estimate itself. 0.9 is the upper edge of the "
+                    "80% band `arena-opt plan` shows, so a policy decides on the time it displays as the likely "
+                    "worst case: a plan the model has never seen measured (other micro-batch counts, more GPUs) "
+                    "must beat a measured-like plan by more than the model's own error to be chosen")
+
     @field_validator("reconfig", mode="before")
     @classmethod
     def _preset(cls, v):

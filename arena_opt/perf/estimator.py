@@ -30,9 +30,10 @@ class PerfEstimator:
     "off" ignores the table."""
 
     def __init__(self, params: CostParams | None = None, table: PerfTable | None = None,
-                 table_mode: str = "override", profiles=None):
+                 table_mode: str = "override", profiles=None, band=None):
         """`profiles`: an `arena_opt.perf.profile_db.ProfileDB`; models profiled on a GPU are planned from
-        their measured layers, everything else from the analytical model."""
+        their measured layers, everything else from the analytical model. `band`: an
+        `arena_opt.perf.band.BandModel`, the error band of the modelled (not measured) times."""
         if table_mode not in ("override", "strict", "off"):
             raise ValueError(f"table_mode must be override, strict or off, not {table_mode!r}")
         source = None
@@ -43,6 +44,7 @@ class PerfEstimator:
         self.planner = Planner(params, layer_source=source)
         self.table = table
         self.table_mode = table_mode
+        self.band = band
         # observed/estimated iteration-time ratio per (model, gpu type), from runners
         self.correction: dict[tuple[str, str], float] = {}
         # bumped by every change of the estimates (observe): caches of them (grids.GridCatalog) are
@@ -65,6 +67,11 @@ class PerfEstimator:
         not in the table): callers walking many shapes skip the planner there."""
         return not (self.table is not None and self.table_mode == "strict"
                     and not self.table.has(model, batch, gpu_type, nodes, gpus_per_node))
+
+    def measured(self, model: str, batch: int, shape: GridShape) -> bool:
+        """Whether the grid's time comes from the measured table (it then carries no model error band)."""
+        return (self.table is not None and self.table_mode != "off"
+                and self.table.has(model, batch, shape.gpu_type, shape.nodes, shape.gpus_per_node))
 
     def best(self, arch: Arch, batch: int, gpu: GpuSpec, intra_link: str | None, gpu_type: str, nodes: int,
              gpus_per_node: int) -> PlanResult | None:

@@ -30,6 +30,9 @@ class PlanResult:
     iter_time_s: float
     mem_gib: float  # peak per-GPU memory, reserve included
     batch_size: int
+    # the estimate's error band (arena_opt/perf/band.py) where the catalogue priced it; iter_time_s is
+    # then the band's conservative time (band.nominal_s the model's own)
+    band: object | None = field(default=None, compare=False)
 
     @property
     def throughput(self) -> float:

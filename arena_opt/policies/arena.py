@@ -56,7 +56,8 @@ class ArenaPolicy(GridPolicy):
     started: float | None = None
 
     def problem(self, snapshot: ClusterSnapshot) -> ClusterProblem:
-        grids = GridCatalog.of(self.estimator).all_grids(snapshot, max_gpus_default=self.options.max_gpus_per_job)
+        grids = GridCatalog.of(self.estimator, self.options.caution).all_grids(
+            snapshot, max_gpus_default=self.options.max_gpus_per_job)
         return build_problem(snapshot, grids, self.options)
 
     def choose(self, snapshot: ClusterSnapshot):

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from arena_opt.contention import Contention
-from arena_opt.decision import Decision, JobDecision, SolverStats
+from arena_opt.decision import Decision, EstimateBand, JobDecision, SolverStats
 from arena_opt.grids import Grid
 from arena_opt.health import health_view
 from arena_opt.linkloads import CommShares, LinkLoads
@@ -93,6 +93,14 @@ def action_for(job: Job, grid: Grid | None, placement: dict[str, list[int]] | No
     return "reshape"
 
 
+def estimate_band(b) -> EstimateBand | None:
+    """A grid's `perf.band.Band` as the decision records it."""
+    if b is None:
+        return None
+    return EstimateBand(nominal_s=b.nominal_s, lo_s=b.lo_s, hi_s=b.hi_s, level=b.level, decided_s=b.decided_s,
+                        caution=b.caution, group=b.group, outside=list(b.outside))
+
+
 def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Grid],
                    placements: dict[str, dict[str, list[int]]], reasons: dict[str, str],
                    stats: SolverStats, slowdowns: dict[str, float] | None = None,
@@ -114,5 +122,5 @@ def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Gri
                                num_nodes=len(pl), placement=pl, plan=plan,
                                est_iter_time_s=g.result.iter_time_s * (slow or 1.0),
                                est_throughput=g.throughput / (slow or 1.0), est_slowdown=slow,
-                               est_mem_per_gpu_gib=g.result.mem_gib))
+                               est_mem_per_gpu_gib=g.result.mem_gib, est_band=estimate_band(g.result.band)))
     return Decision(time=snapshot.time, policy=policy, jobs=out, stats=stats, policy_options=options)

@@ -35,7 +35,7 @@ class PackedPolicy(GridPolicy):
 
     @property
     def catalog(self) -> GridCatalog:
-        return GridCatalog.of(self.estimator)
+        return GridCatalog.of(self.estimator, self.options.caution)
 
     @property
     def pools(self) -> dict[tuple, Pool]:
