@@ -67,9 +67,12 @@ def print_plans(arch, batch: int, gpu: str, nodes: int, per_node: int, rows, con
     cols = ["grid pp", "", "plan", "stages (layers)", "iter s", f"band s{level}", "decided s", "samples/s", "GiB/GPU"]
     for col in cols:
         t.add_column(col)
+    reasons = []
     for pp, plans, why in rows:
         if plans.proxy is None:
-            t.add_row(str(pp), "", why or "no plan fits in memory", *[""] * (len(cols) - 3))
+            # the reason goes under the table, whole: a wide table would wrap it mid-sentence
+            t.add_row(str(pp), "", "no plan (below)", *[""] * (len(cols) - 3))
+            reasons.append(f"pp {pp}: {why or 'no plan fits in memory'}")
             continue
         for r in plans.pareto:
             tag = "proxy" if r is plans.proxy else "pareto"
@@ -80,6 +83,8 @@ def print_plans(arch, batch: int, gpu: str, nodes: int, per_node: int, rows, con
                       f"{bd.lo_s:.3f}-{bd.hi_s:.3f}" + ("*" if bd.outside else "") if bd else "-",
                       f"{r.iter_time_s:.3f}", f"{r.throughput:.1f}", f"{r.mem_gib:.1f}")
     console.print(t)
+    for line in reasons:
+        console.print(line, soft_wrap=True)
     outside = sorted({o for b in bands for o in b.outside})
     if outside:
-        console.print("* outside the calibrated region, band widened: " + "; ".join(outside))
+        console.print("* outside the calibrated region, band widened: " + "; ".join(outside), soft_wrap=True)

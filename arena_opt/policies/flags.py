@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from arena_opt.argtypes import nonneg_float, nonneg_int, positive_float, positive_int
+from arena_opt.argtypes import finite_float, nonneg_float, nonneg_int, positive_float, positive_int
 from arena_opt.errors import InputError
 from arena_opt.policies import options_model
 
@@ -21,6 +21,7 @@ FLAGS = {
     "--max-reconfigs": ("max_reconfigs", "max_reconfigs_per_round"),
     "--uplink-oversubscription": ("uplink_oversubscription", "colocation"),
     "--no-colocation": ("no_colocation", "colocation"),
+    "--caution": ("caution", "caution"),
 }
 
 
@@ -34,6 +35,9 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--uplink-oversubscription", type=positive_float,
                    help="rack nodes' network bandwidth over the rack uplink's (default 1, non-blocking); above 1 "
                         "placement keeps cross-rack jobs off shared uplinks and decisions predict their slowdown")
+    g.add_argument("--caution", type=finite_float,
+                   help="quantile of each estimate's error band the grids are priced at (0.5-1; default 0.9, "
+                        "the 80%% band's upper edge; the estimator of solve and plan carries a band)")
     g.add_argument("--no-colocation", action="store_true",
                    help="no co-location model: placement ignores other jobs' traffic, est_slowdown is null")
 
