@@ -29,22 +29,20 @@ sys.path.insert(0, str(_HERE.parent))
 
 import numpy as np  # noqa: E402
 from _perf_common import command, git_rev, machine, md_table, write  # noqa: E402
+from estimator import ARENA_BASE  # noqa: E402  (the calibration's base parameters: the same folds)
 
 from arena_opt.perf import calibrate as cal  # noqa: E402
 from arena_opt.perf.analytical import CostParams  # noqa: E402
-from arena_opt.perf.band import DEFAULT_PATH, BandModel, Residual, residuals  # noqa: E402
+from arena_opt.perf.band import DEFAULT_PATH, BandModel, ResidualRow, residuals  # noqa: E402
 from arena_opt.perf.estimator import PerfEstimator  # noqa: E402
 from arena_opt.perf.table import PerfTable, default_table_path  # noqa: E402
-
-# Arena's runs use Alpa's GShard MoE (dense einsum dispatch, expert group 2048), as bench/estimator.py
-ARENA_BASE = CostParams(moe_einsum_group=2048)
 
 
 def log(msg: str) -> None:
     print(f"[band] {msg}", file=sys.stderr, flush=True)
 
 
-def fold_residuals(test: list[cal.Observation], params: CostParams) -> list[Residual]:
+def fold_residuals(test: list[cal.Observation], params: CostParams) -> list[ResidualRow]:
     """Reference and planner residuals of one held-out type's grids at its fold's parameters."""
     ref = cal.predict(test, params, cal.ARENA_SPACE)
     est = PerfEstimator(params, table_mode="off")
@@ -55,7 +53,7 @@ def fold_residuals(test: list[cal.Observation], params: CostParams) -> list[Resi
     return residuals("reference", test, ref) + residuals("planner", test, planned)
 
 
-def coverage(rows: list[Residual], level: float, min_group: int = 20) -> dict:
+def coverage(rows: list[ResidualRow], level: float, min_group: int = 20) -> dict:
     """Leave-one-type-out coverage: each type's residuals against a model of the other types'."""
     out: dict = {"by_type": {}, "by_family": defaultdict(lambda: [0, 0])}
     tot = {"reference": [0, 0], "planner": [0, 0]}
@@ -94,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t_start = time.perf_counter()
     obs = cal.observations(PerfTable.load(path, "alpa_optimal"))
-    rows: list[Residual] = []
+    rows: list[ResidualRow] = []
     fold_params = {}
     for held in sorted({o.gpu_type for o in obs}):
         t0 = time.perf_counter()

@@ -13,7 +13,7 @@ import pytest
 from arena_opt.cluster import load_cluster
 from arena_opt.feasibility import check_decision
 from arena_opt.grids import GridCatalog
-from arena_opt.perf.band import BandModel, Residual, default_band
+from arena_opt.perf.band import BandModel, ResidualRow, default_band
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.policies import REGISTRY, make_policy
 from arena_opt.snapshot import ClusterSnapshot, Job
@@ -21,13 +21,13 @@ from arena_opt.snapshot import ClusterSnapshot, Job
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _rows(spread: float = 0.1, planner_excess: float = 0.3) -> list[Residual]:
+def _rows(spread: float = 0.1, planner_excess: float = 0.3) -> list[ResidualRow]:
     """Reference residuals at 16 micro-batches on 1-16 GPUs (evenly spread over +-spread), and planner
     residuals at 64 micro-batches that lie `planner_excess` above them."""
-    ref = [Residual(kind="reference", family=f, gpu_type=t, num_gpus=n, microbatches=16,
+    ref = [ResidualRow(kind="reference", family=f, gpu_type=t, num_gpus=n, microbatches=16,
                     log_ratio=spread * (2 * i / 19 - 1))
            for f in ("bert", "moe") for t in ("a", "b") for n in (1, 2, 4, 8, 16) for i in range(20)]
-    pl = [Residual(kind="planner", family="bert", gpu_type="a", num_gpus=4, microbatches=64,
+    pl = [ResidualRow(kind="planner", family="bert", gpu_type="a", num_gpus=4, microbatches=64,
                    log_ratio=planner_excess + 0.01 * i) for i in range(20)]
     return ref + pl
 
@@ -92,9 +92,9 @@ def test_committed_band_model_loads():
 # ---- policies decide on the conservative time ------------------------------------------------------
 def _flip_band() -> BandModel:
     """Calibrated only at 16 micro-batches; the planner's other counts were 30% slower than estimated."""
-    ref = [Residual(kind="reference", family="bert", gpu_type="x", num_gpus=n, microbatches=16,
+    ref = [ResidualRow(kind="reference", family="bert", gpu_type="x", num_gpus=n, microbatches=16,
                     log_ratio=0.01 * (i % 5 - 2)) for n in (1, 2, 4, 8, 16) for i in range(10)]
-    pl = [Residual(kind="planner", family="bert", gpu_type="x", num_gpus=4, microbatches=64, log_ratio=0.3)
+    pl = [ResidualRow(kind="planner", family="bert", gpu_type="x", num_gpus=4, microbatches=64, log_ratio=0.3)
           for _ in range(10)]
     return BandModel.build(ref + pl)
 

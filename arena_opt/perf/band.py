@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 Kind = Literal["reference", "planner"]
 
 
-class Residual(BaseModel):
+class ResidualRow(BaseModel):
     """One measured grid against one estimate of it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -54,14 +54,14 @@ def count_class(num_gpus: int) -> str:
     return "1" if num_gpus <= 1 else "2-4" if num_gpus <= 4 else "8+"
 
 
-def residuals(kind: Kind, observations: Iterable, estimates: Iterable[tuple[float, object]]) -> list[Residual]:
-    """Residual rows of `calibrate.Observation`s and their estimates ((seconds, Plan) as
+def residuals(kind: Kind, observations: Iterable, estimates: Iterable[tuple[float, object]]) -> list[ResidualRow]:
+    """ResidualRow rows of `calibrate.Observation`s and their estimates ((seconds, Plan) as
     `calibrate.predict` returns them); grids without a finite estimate are left out."""
     out = []
     for o, (t, plan) in zip(observations, estimates):
         if plan is None or not math.isfinite(t) or t <= 0:
             continue
-        out.append(Residual(kind=kind, family=o.arch.family, gpu_type=o.gpu_type, num_gpus=o.num_gpus,
+        out.append(ResidualRow(kind=kind, family=o.arch.family, gpu_type=o.gpu_type, num_gpus=o.num_gpus,
                             microbatches=plan.num_microbatches, log_ratio=math.log(o.measured_s / t)))
     return out
 
@@ -94,14 +94,14 @@ class BandModel(BaseModel):
 
     level: float = Field(0.8, gt=0, lt=1, description="nominal coverage of a band")
     min_group: int = Field(20, ge=1, description="fewest residuals a group needs to be used on its own")
-    rows: list[Residual]
+    rows: list[ResidualRow]
     widen_lo: float = Field(0.0, ge=0, description="log-units the lower edge moves down per octave outside")
     widen_hi: float = Field(0.0, ge=0, description="log-units the upper edge moves up per octave outside")
     source: dict = Field(default_factory=dict, description="what made the residuals (command, commit, params)")
     _cache: dict = PrivateAttr(default_factory=dict)  # reference rows and sorted groups, derived once
 
     @classmethod
-    def build(cls, rows: list[Residual], *, level: float = 0.8, min_group: int = 20,
+    def build(cls, rows: list[ResidualRow], *, level: float = 0.8, min_group: int = 20,
               source: dict | None = None) -> "BandModel":
         """The model of `rows`, with the widening fitted on its planner rows."""
         base = cls(level=level, min_group=min_group, rows=rows, source=source or {})
@@ -114,7 +114,7 @@ class BandModel(BaseModel):
         return base.model_copy(update={"widen_lo": lo, "widen_hi": hi})
 
     # ---- the calibrated region ------------------------------------------------------------------
-    def _reference(self) -> list[Residual]:
+    def _reference(self) -> list[ResidualRow]:
         ref = self._cache.get("ref")
         if ref is None:
             ref = self._cache["ref"] = [r for r in self.rows if r.kind == "reference"]
@@ -233,4 +233,4 @@ def default_band() -> BandModel | None:
     return BandModel.load(DEFAULT_PATH) if DEFAULT_PATH.is_file() else None
 
 
-__all__ = ["Band", "BandModel", "DEFAULT_PATH", "Residual", "count_class", "default_band", "residuals"]
+__all__ = ["Band", "BandModel", "DEFAULT_PATH", "ResidualRow", "count_class", "default_band", "residuals"]
