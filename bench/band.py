@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                "widen_hi": model.widen_hi, "groups": groups, "coverage": cov, "fold_params": fold_params,
                "model": _shown(args.model_out)}
     md = render(payload)
-    jp, mp = write(args.out, "band", payload, md)
+    jp, mp = write(args.out, "band", payload, md, written=[args.model_out])
     print(md)
     log(f"wrote {jp}, {mp} and {args.model_out}")
     return 0
