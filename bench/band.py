@@ -43,14 +43,14 @@ def log(msg: str) -> None:
 
 
 def fold_residuals(test: list[cal.Observation], params: CostParams) -> list[ResidualRow]:
-    """Reference and planner residuals of one held-out type's grids at its fold's parameters."""
-    ref = cal.predict(test, params, cal.ARENA_SPACE)
+    """Reference and planner residuals of one held-out type's grids at its fold's parameters; the planner's
+    are `PerfEstimator.best`, the estimate the scheduler sees."""
     est = PerfEstimator(params, table_mode="off")
     planned = []
     for o in test:
         r = est.best(o.arch, o.batch, o.gpu, o.intra_link, o.gpu_type, o.nodes, o.gpus_per_node)
-        planned.append((r.iter_time_s, r.plan) if r is not None else (float("inf"), None))
-    return residuals("reference", test, ref) + residuals("planner", test, planned)
+        planned.append(cal.Residual(o, r.iter_time_s, r.plan) if r is not None else cal.Residual(o, float("inf"), None))
+    return residuals("reference", cal.residuals(test, params, cal.ARENA_SPACE)) + residuals("planner", planned)
 
 
 def coverage(rows: list[ResidualRow], level: float, min_group: int = 20) -> dict:
@@ -92,14 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t_start = time.perf_counter()
     obs = cal.observations(PerfTable.load(path, "alpa_optimal"))
+    folds = cal.leave_one_type_out(obs, ARENA_BASE)  # each fit sees the other types' rows only
+    fold_params = {held: res.params.model_dump() for held, res in folds.items()}
     rows: list[ResidualRow] = []
-    fold_params = {}
-    for held in sorted({o.gpu_type for o in obs}):
-        t0 = time.perf_counter()
-        res = cal.fit([o for o in obs if o.gpu_type != held], ARENA_BASE)
-        fold_params[held] = res.params.model_dump()
+    for held, res in folds.items():
         rows += fold_residuals([o for o in obs if o.gpu_type == held], res.params)
-        log(f"held out {held}: {time.perf_counter() - t0:.0f} s")
+    log(f"{len(folds)} folds fitted, {time.perf_counter() - t_start:.0f} s")
     source = {"command": command(), "git": git_rev(), "table": str(path), "rows": len(obs)}
     model = BandModel.build(rows, level=args.level, source=source)
     model.save(args.model_out)

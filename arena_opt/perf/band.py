@@ -54,15 +54,16 @@ def count_class(num_gpus: int) -> str:
     return "1" if num_gpus <= 1 else "2-4" if num_gpus <= 4 else "8+"
 
 
-def residuals(kind: Kind, observations: Iterable, estimates: Iterable[tuple[float, object]]) -> list[ResidualRow]:
-    """ResidualRow rows of `calibrate.Observation`s and their estimates ((seconds, Plan) as
-    `calibrate.predict` returns them); grids without a finite estimate are left out."""
+def residuals(kind: Kind, calibrated: Iterable) -> list[ResidualRow]:
+    """Rows of `calibrate.Residual`s (an observation, its estimate and the estimate's plan); grids without
+    a finite estimate are left out."""
     out = []
-    for o, (t, plan) in zip(observations, estimates):
+    for c in calibrated:
+        t, plan, o = c.predicted_s, c.plan, c.obs
         if plan is None or not math.isfinite(t) or t <= 0:
             continue
         out.append(ResidualRow(kind=kind, family=o.arch.family, gpu_type=o.gpu_type, num_gpus=o.num_gpus,
-                            microbatches=plan.num_microbatches, log_ratio=math.log(o.measured_s / t)))
+                               microbatches=plan.num_microbatches, log_ratio=math.log(o.measured_s / t)))
     return out
 
 
