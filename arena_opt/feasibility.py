@@ -53,8 +53,15 @@ def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
         if len(d.placement) > 1 and d.placement != held and \
                 any(len(g) != len(nodes[n].usable_gpus()) for n, g in d.placement.items()):
             raise InfeasibleDecision(f"job {d.job_id!r} spans nodes without taking them whole")
-        if d.plan.tp > 1 and any(len(g) % d.plan.tp for g in d.placement.values()):
+        if d.plan.uniform and d.plan.tp > 1 and any(len(g) % d.plan.tp for g in d.placement.values()):
             raise InfeasibleDecision(f"job {d.job_id!r}: tp={d.plan.tp} groups cross nodes")
+        if not d.plan.uniform:
+            why = d.plan.tp_group_error([len(g) for g in d.placement.values()])
+            if why:
+                raise InfeasibleDecision(f"job {d.job_id!r}: plan {d.plan.describe()}: {why}")
+        bad = d.plan.batch_error(job.batch_size)
+        if bad is not None:
+            raise InfeasibleDecision(f"job {d.job_id!r}: plan.{bad[0]}: {bad[1]}")
         if d.est_mem_per_gpu_gib is not None and d.est_mem_per_gpu_gib > catalog[d.gpu_type].memory_gib + 1e-6:
             raise InfeasibleDecision(f"job {d.job_id!r}: {d.est_mem_per_gpu_gib:.1f} GiB per GPU exceeds "
                                      f"{catalog[d.gpu_type].memory_gib} GiB")

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf.analytical import (RATE_NAMES, CostParams, cost_table, intra_link_kind, layer_terms, links_for,
                                       rate_vector)
-from arena_opt.perf.compose import evaluate_split, split_stages
+from arena_opt.perf.compose import evaluate_split, split_stages, split_stages_shaped
 from arena_opt.plan import Plan
 from arena_opt.perf.sharing import Load
 from models.catalog import Arch
@@ -70,7 +70,7 @@ class CommShares:
     def __call__(self, arch: Arch, batch: int, gpu_name: str, gpu: GpuSpec, intra_link: str | None, nodes: int,
                  gpus_per_node: int, plan: Plan) -> CommShare:
         key = (arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, plan.dp, plan.tp, plan.pp,
-               plan.num_microbatches, plan.recompute, tuple(plan.stages))
+               plan.num_microbatches, plan.recompute, tuple(plan.stages), tuple(plan.shapes))
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = self._share(arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, plan)
@@ -80,22 +80,25 @@ class CommShares:
         table = cost_table(arch, self.params)
         links = links_for(gpu, intra_link, self.params)
         m = plan.num_microbatches
-        terms = layer_terms(table, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node, batch=batch, dp=plan.dp,
-                            tp=plan.tp, m=m, recompute=plan.recompute)
+        # one term table per distinct stage shape (a uniform plan has one)
+        by_shape = {sh: layer_terms(table, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node, batch=batch,
+                                    dp=sh[0], tp=sh[1], m=m, recompute=plan.recompute) for sh in set(plan.shapes)}
+        terms = [by_shape[sh] for sh in plan.shapes]
         rates = rate_vector(self.params, gpu_name, table.dtype, links.intra_kind, table.family)
-        costs = terms.costs(rates)
+        costs = [t.costs(rates) for t in terms]
         stages = list(plan.stages)
         if not stages:  # a running plan given without its split: the model's own split
-            split = split_stages(costs, plan.pp, m, float("inf"))
+            split = (split_stages(costs[0], plan.pp, m, float("inf")) if plan.uniform else
+                     split_stages_shaped(costs, [[k] for k in range(plan.pp)], m, float("inf")))
             if split is None:
                 return CommShare(0.0, 0.0)
-            stages = split.stages
+            stages = split.stages if plan.uniform else split[0].stages
         full = evaluate_split(costs, stages, m).iter_time_s
 
         def share(name: str) -> float:
             free = rates.copy()
             free[RATE_NAMES.index(name)] = 0.0
-            return max(0.0, full - evaluate_split(terms.costs(free), stages, m).iter_time_s) / full
+            return max(0.0, full - evaluate_split([t.costs(free) for t in terms], stages, m).iter_time_s) / full
 
         return CommShare(share("intra"), share("inter"))
 

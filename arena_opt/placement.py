@@ -33,4 +33,10 @@ def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid], contention: Conten
                 raise PlacementError(f"job {jid}: needs {g.shape.nodes} free {g.pool[0]} nodes, "
                                      f"{occ.free_nodes(g.pool)} are free")
             raise PlacementError(f"job {jid}: no {g.pool[0]} node has {g.num_gpus} free GPUs")
+    for jid, g in chosen.items():
+        plan = g.result.plan
+        # a per-stage plan's tp groups sit wherever its stage boundaries fall: check them on the GPUs given
+        why = None if plan.uniform else plan.tp_group_error([len(gs) for gs in occ.where[jid].values()])
+        if why:
+            raise PlacementError(f"job {jid}: plan {plan.describe()} on {occ.where[jid]}: {why}")
     return {jid: occ.where[jid] for jid in chosen}

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+from typing import Any
+
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_serializer,
+                      model_validator)
 
 
 class Plan(BaseModel):
     """pp pipeline stages, each replicated dp times and sharded tp ways; the global batch is split
     into dp shards and each shard into `num_microbatches` micro-batches run 1F1B.
-    `stages[k] = [first, last)` are the layer indices of `models.layer_table` that stage k holds."""
+    `stages[k] = [first, last)` are the layer indices of `models.layer_table` that stage k holds.
+
+    `stage_shapes[k] = (dp_k, tp_k)` gives stage k its own shape (Arena's per-stage submeshes): the
+    global batch is split into `num_microbatches` micro-batches and stage k's dp_k replicas each run
+    an equal share of every micro-batch, so activations are split or merged between stages of
+    different width. `dp` and `tp` then hold the widest stage's degrees (filled in when omitted).
+    A plan whose shapes are all equal is the uniform plan and is stored as one (`stage_shapes` None):
+    it serialises exactly as before per-stage shapes existed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -18,6 +28,26 @@ class Plan(BaseModel):
     num_microbatches: PositiveInt = 1
     stages: list[tuple[NonNegativeInt, NonNegativeInt]] = Field(default_factory=list)
     recompute: bool = Field(False, description="activation recomputation (store only stage inputs)")
+    stage_shapes: list[tuple[PositiveInt, PositiveInt]] | None = Field(
+        None, description="per-stage (dp, tp), one per stage; None = every stage runs dp x tp")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canonical(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("stage_shapes"):
+            return data
+        shapes = [tuple(s) if isinstance(s, (list, tuple)) else s for s in data["stage_shapes"]]
+        if not all(isinstance(s, tuple) and len(s) == 2 and all(isinstance(v, int) for v in s) for s in shapes):
+            return data  # field validation names the bad entry
+        data = dict(data)
+        given = (data.get("dp", shapes[0][0]), data.get("tp", shapes[0][1]))
+        if len(set(shapes)) == 1 and len(shapes) == data.get("pp", 1) and given == shapes[0]:
+            data["dp"], data["tp"] = shapes[0]
+            data["stage_shapes"] = None
+        else:
+            data.setdefault("dp", max(s[0] for s in shapes))
+            data.setdefault("tp", max(s[1] for s in shapes))
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":
@@ -31,11 +61,68 @@ class Plan(BaseModel):
                 if a != prev or b <= a:
                     raise ValueError(f"stages must be contiguous and non-empty, got {self.stages}")
                 prev = b
+        if self.stage_shapes is not None:
+            if len(self.stage_shapes) != self.pp:
+                raise ValueError(f"stage_shapes has {len(self.stage_shapes)} entries but pp = {self.pp}")
+            widest = (max(s[0] for s in self.stage_shapes), max(s[1] for s in self.stage_shapes))
+            if (self.dp, self.tp) != widest:
+                raise ValueError(f"dp, tp = {self.dp}, {self.tp} but a per-stage plan's dp and tp are its widest "
+                                 f"stage's, {widest[0]}, {widest[1]} (stage_shapes {self.stage_shapes})")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        out = handler(self)
+        if self.stage_shapes is None and isinstance(out, dict):
+            out.pop("stage_shapes", None)  # a uniform plan's JSON is what it was before per-stage shapes
+        return out
+
+    @property
+    def uniform(self) -> bool:
+        return self.stage_shapes is None
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """(dp, tp) of every stage."""
+        return [tuple(s) for s in self.stage_shapes] if self.stage_shapes is not None else [(self.dp, self.tp)] * self.pp
+
+    @property
+    def stage_gpus(self) -> list[int]:
+        return [d * t for d, t in self.shapes]
 
     @property
     def num_gpus(self) -> int:
-        return self.pp * self.dp * self.tp
+        return sum(self.stage_gpus)
+
+    def batch_error(self, batch: int) -> tuple[str, str] | None:
+        """(field, why) when the global batch does not split into every stage's replicas and each
+        replica's share into whole micro-batches; None when it does."""
+        m = self.num_microbatches
+        for k, (dp, _) in enumerate(self.shapes):
+            of = "" if self.uniform else f" (stage_shapes[{k}])"
+            if batch % dp:
+                return "dp" if self.uniform else f"stage_shapes[{k}]", f"dp {dp}{of} does not divide batch_size {batch}"
+            if (batch // dp) % m:
+                return "num_microbatches", (f"{m} does not divide the per-replica batch {batch // dp} "
+                                            f"(batch_size {batch} / dp {dp}{of})")
+        return None
+
+    def tp_group_error(self, gpus_per_node: list[int]) -> str | None:
+        """Why a tensor-parallel group would span nodes when the ranks fill nodes holding
+        `gpus_per_node` GPUs in order (stage by stage, replicas row-major, tp peers consecutive)."""
+        node_of = [n for n, c in enumerate(gpus_per_node) for _ in range(c)]
+        if len(node_of) != self.num_gpus:
+            return f"the nodes hold {len(node_of)} GPUs, the plan needs {self.num_gpus}"
+        rank = 0
+        for k, (dp, tp) in enumerate(self.shapes):
+            for r in range(dp):
+                if node_of[rank] != node_of[rank + tp - 1]:
+                    where = "" if self.uniform else f" of stage {k}"
+                    return f"tp group {r}{where} (tp {tp}, ranks {rank}-{rank + tp - 1}) spans two nodes"
+                rank += tp
+        return None
 
     def describe(self) -> str:
-        return f"pp{self.pp}xdp{self.dp}xtp{self.tp} mb{self.num_microbatches}" + (" rc" if self.recompute else "")
+        shape = (f"pp{self.pp}xdp{self.dp}xtp{self.tp}" if self.uniform else
+                 f"pp{self.pp}x[" + ",".join(f"dp{d}xtp{t}" for d, t in self.shapes) + "]")
+        return shape + f" mb{self.num_microbatches}" + (" rc" if self.recompute else "")

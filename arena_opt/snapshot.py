@@ -201,7 +201,8 @@ class ClusterSnapshot(_Strict):
                                          f"{used[(nid, g)]!r}")
                     used[(nid, g)] = j.id
             if r.plan.num_gpus != r.num_gpus:
-                raise ValueError(f"{where}.plan: pp*dp*tp = {r.plan.num_gpus} but the placement holds "
+                what = "pp*dp*tp" if r.plan.uniform else "the sum of stage dp*tp"
+                raise ValueError(f"{where}.plan: {what} = {r.plan.num_gpus} but the placement holds "
                                  f"{r.num_gpus} GPUs")
             _check_plan(j, r, where)
         return self
@@ -225,15 +226,17 @@ def _check_plan(j: Job, r: RunningState, where: str) -> None:
     if p.stages and p.stages[-1][1] != layers:
         raise ValueError(f"{where}.plan.stages: end at layer {p.stages[-1][1]} but {j.arch.name} has {layers} "
                          f"layers (stages must cover layers 0..{layers - 1} exactly)")
-    if j.batch_size % p.dp:
-        raise ValueError(f"{where}.plan: dp {p.dp} does not divide batch_size {j.batch_size}")
-    if (j.batch_size // p.dp) % p.num_microbatches:
-        raise ValueError(f"{where}.plan.num_microbatches: {p.num_microbatches} does not divide the per-replica "
-                         f"batch {j.batch_size // p.dp} (batch_size {j.batch_size} / dp {p.dp})")
+    bad = p.batch_error(j.batch_size)
+    if bad is not None:
+        raise ValueError(f"{where}.plan{'' if bad[0] == 'dp' else '.' + bad[0]}: {bad[1]}")
     for nid, gpus in r.placement.items():
-        if len(gpus) % p.tp:
+        if p.uniform and len(gpus) % p.tp:
             raise ValueError(f"{where}.placement: node {nid!r} holds {len(gpus)} GPUs, not a multiple of tp "
                              f"{p.tp} (a tensor-parallel group must sit inside one node)")
+    if not p.uniform:
+        why = p.tp_group_error([len(g) for g in r.placement.values()])
+        if why:
+            raise ValueError(f"{where}.plan.stage_shapes: {why} (a tensor-parallel group must sit inside one node)")
 
 
 def _unique(ids: list[str], field: str, key: str) -> None:

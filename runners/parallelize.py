@@ -23,10 +23,15 @@ from models.torch_layers import MLP, Embedding, Head, LayerStack, TransformerBlo
 from arena_opt.stages import PlanError, check_plan
 
 
-def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+def _check_world(plan: Plan) -> None:
     world = dist.get_world_size()
     if world != plan.num_gpus:
-        raise PlanError(f"plan pp*dp*tp = {plan.num_gpus} but torchrun started {world} processes")
+        what = "pp*dp*tp" if plan.uniform else "the sum of stage dp*tp"
+        raise PlanError(f"plan {what} = {plan.num_gpus} but torchrun started {world} processes")
+
+
+def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+    _check_world(plan)
     return init_device_mesh(device_type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
 
 
@@ -66,10 +71,21 @@ class ParallelModel:
     step_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
     is_last_stage: bool
     dp_rank: int
+    tp_rank: int
+    # the batch share step_fn gets: (index, count) equal parts of the global batch; a per-stage plan's
+    # schedule takes the whole batch and cuts each stage's shares itself
+    batch_share: tuple[int, int]
+    loss_replicas: int  # last-stage replicas whose mean losses make the batch's mean
+
+    @property
+    def reports_loss(self) -> bool:
+        """The ranks whose losses, divided by loss_replicas, sum to the batch's mean loss."""
+        return self.is_last_stage and self.tp_rank == 0
 
     def local_batch(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = x.shape[0] // self.plan.dp
-        s = slice(self.dp_rank * n, (self.dp_rank + 1) * n)
+        index, count = self.batch_share
+        n = x.shape[0] // count
+        s = slice(index * n, (index + 1) * n)
         return x[s].to(self.device), y[s].to(self.device)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
@@ -83,6 +99,8 @@ class ParallelModel:
 
 def parallelize(arch: Arch, plan: Plan, device: torch.device, dp_mode: str = "ddp", seed: int = 0) -> ParallelModel:
     stages = check_plan(arch, plan)
+    if not plan.uniform:
+        return _parallelize_shaped(arch, plan, stages, device, seed)
     mesh = build_mesh(plan, device.type)
     pp_rank = mesh["pp"].get_local_rank()
     dp_rank = mesh["dp"].get_local_rank()
@@ -153,7 +171,31 @@ def parallelize(arch: Arch, plan: Plan, device: torch.device, dp_mode: str = "dd
             schedule.step()
             return None
 
-    return ParallelModel(arch, plan, mesh, device, module, (first, last), step_fn, is_last, dp_rank)
+    return ParallelModel(arch, plan, mesh, device, module, (first, last), step_fn, is_last, dp_rank,
+                         mesh["tp"].get_local_rank(), (dp_rank, plan.dp), plan.dp)
+
+
+def _parallelize_shaped(arch: Arch, plan: Plan, stages: list[tuple[int, int]], device: torch.device,
+                        seed: int) -> ParallelModel:
+    """A per-stage plan (runners/pipeline.py): the stage's layers, tp over the replica's own ranks,
+    replicas kept in step by the schedule's gradient sum (no DDP/FSDP wrapper: the module stays the
+    plain stack, so checkpoints reshard to and from any plan by parameter name)."""
+    from runners.pipeline import Layout, ShapedPipeline, build_groups
+
+    _check_world(plan)
+    layout = Layout(plan.shapes)
+    groups = build_groups(layout)
+    first, last = stages[groups.stage]
+    with torch.device(device):
+        stack = LayerStack(arch, first, last, seed=seed)
+    dp, tp = plan.shapes[groups.stage]
+    tp_mesh = DeviceMesh.from_group(groups.tp_group, device.type)
+    if tp > 1:
+        _tensor_parallel(stack, tp_mesh)
+    pipe = ShapedPipeline(arch, plan, stack, layout, groups, device, loss_fn)
+    is_last = groups.stage == plan.pp - 1
+    return ParallelModel(arch, plan, tp_mesh, device, stack, (first, last), pipe.step, is_last, groups.replica,
+                         groups.tp_rank, (0, 1), plan.shapes[-1][0])
 
 
 def _stage_examples(arch: Arch, layers: tuple[int, int], x: torch.Tensor, nm: int, device: torch.device

@@ -71,6 +71,11 @@ class TrainSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainSpec":
+        if not self.plan.uniform:
+            bad = self.plan.batch_error(self.global_batch)
+            if bad is not None:
+                raise ValueError(f"global_batch {self.global_batch} is not divisible: plan.{bad[0]}: {bad[1]}")
+            return self
         split = self.plan.dp * self.plan.num_microbatches
         if self.global_batch % split:
             raise ValueError(f"global_batch {self.global_batch} is not divisible by dp x num_microbatches "

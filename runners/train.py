@@ -132,8 +132,7 @@ def _train(spec: TrainSpec, device: torch.device) -> int:
         writer.emit("start", step=step, world_size=dist.get_world_size(), plan=spec.plan.model_dump(),
                     resumed_from=resumed_from, setup_s=time.time() - t_launch, pid=os.getpid(),
                     restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), skipped=len(skips))
-    tp_rank = pm.mesh["tp"].get_local_rank()
-    reports_loss = pm.is_last_stage and tp_rank == 0
+    reports_loss = pm.reports_loss
     meta = {"job_id": spec.job_id, "plan": spec.plan.model_dump(), "world_size": dist.get_world_size(),
             "model": arch.name, "samples": 0}
     last_ckpt, last_ckpt_t = step, time.monotonic()
@@ -150,7 +149,7 @@ def _train(spec: TrainSpec, device: torch.device) -> int:
         stop = _signalled or (rank == 0 and stop_requested(spec.run_dir))
         # rank 0's clock decides a timed checkpoint, so every rank saves at the same step
         timed = rank == 0 and spec.ckpt_every_s > 0 and time.monotonic() - last_ckpt_t >= spec.ckpt_every_s
-        red = torch.tensor([float(loss) / spec.plan.dp if reports_loss and loss is not None else 0.0, float(stop),
+        red = torch.tensor([float(loss) / pm.loss_replicas if reports_loss and loss is not None else 0.0, float(stop),
                             float(timed)], dtype=torch.float64, device=device)
         dist.all_reduce(red)
         mem = torch.tensor([_peak_mem_bytes(device)], dtype=torch.int64, device=device)

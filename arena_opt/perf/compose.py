@@ -21,6 +21,7 @@ is the same for one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -253,16 +254,77 @@ def split_stages(lc: LayerCosts, pp: int, m: int, mem_cap_bytes: float) -> Stage
     return split_many(lc, pp, np.array([m]), mem_cap_bytes).split(0)
 
 
-def evaluate_split(lc: LayerCosts, stages: list[tuple[int, int]], m: int, mats=None) -> StageSplit:
-    """Iteration time and memory of a given split (the same formula the DP minimizes).
+def split_stages_shaped(options: Sequence[LayerCosts], allowed: Sequence[Sequence[int]], m: int,
+                        mem_cap_bytes: float) -> tuple[StageSplit, list[int]] | None:
+    """The exact min-max split where stage k also picks its own shape: `options[o]` are the per-layer
+    costs under shape o (its dp x tp at micro-batch count m), `allowed[k]` the options stage k may use.
+    A stage's choice does not constrain the others, so taking the cheapest memory-feasible allowed
+    option per segment inside the DP is exact over all combinations. Returns (split, option per stage)."""
+    pp, n = len(allowed), options[0].num_layers
+    if pp > n:
+        return None
+    mats = [_shaped_matrices(lc, pp, m) for lc in options]
+
+    def stage(k: int) -> tuple[np.ndarray, np.ndarray]:
+        best = pick = None
+        for o in allowed[k]:
+            valid, cost, cost_last, static, act, peak = mats[o]
+            c = cost_last if k == pp - 1 else cost
+            ok = valid & (static + min(m, pp - k) * act + peak <= mem_cap_bytes)
+            c = np.where(ok, c, np.inf)
+            if best is None:
+                best, pick = c, np.full(c.shape, o)
+            else:
+                better = c < best
+                best, pick = np.where(better, c, best), np.where(better, o, pick)
+        return best, pick
+
+    c0, p0 = stage(0)
+    f = c0[0]  # f[i] = best bottleneck for the first i layers in k+1 stages
+    choice, picks = [np.zeros(n + 1, dtype=int)], [p0]
+    cols = np.arange(n + 1)
+    for k in range(1, pp):
+        c, p = stage(k)
+        cand = np.maximum(f[:, None], c)  # [j, i]
+        arg = np.argmin(cand, axis=0)
+        f = cand[arg, cols]
+        choice.append(arg)
+        picks.append(p)
+    if not np.isfinite(f[n]):
+        return None
+    bounds = [n]
+    for k in range(pp - 1, 0, -1):
+        bounds.append(int(choice[k][bounds[-1]]))
+    bounds.append(0)
+    bounds.reverse()
+    stages = [(bounds[k], bounds[k + 1]) for k in range(pp)]
+    chosen = [int(picks[k][a, b]) for k, (a, b) in enumerate(stages)]
+    return _evaluate([options[o] for o in chosen], stages, m), chosen
+
+
+def _shaped_matrices(lc: LayerCosts, pp: int, m: int):
+    """(valid, cost of a stage that sends on, cost of the last stage, static, activation, transient bytes)
+    over every segment [j, i) of one candidate, as (L+1) x (L+1) arrays."""
+    s = _Segments(_stacked(lc), pp, np.array([m]))
+    valid, cost, static, act, peak = (x[0] for x in s.full())
+    cost_last = cost - s.slots[0, 0] * s.p2p_end[0][None, :]  # the last stage sends no activations
+    return valid, cost, cost_last, static, act, peak
+
+
+def evaluate_split(lc: LayerCosts | Sequence[LayerCosts], stages: list[tuple[int, int]], m: int,
+                   mats=None) -> StageSplit:
+    """Iteration time and memory of a given split (the same formula the DP minimizes); `lc` one
+    LayerCosts for every stage or one per stage (a per-stage plan).
     `mats` is accepted for backward compatibility and ignored: direct sums are cheaper."""
-    return _evaluate(lc, list(stages), m)
+    lcs = list(lc) if isinstance(lc, (list, tuple)) else [lc] * len(stages)
+    return _evaluate(lcs, list(stages), m)
 
 
-def _evaluate(lc: LayerCosts, stages: list[tuple[int, int]], m: int) -> StageSplit:
+def _evaluate(lcs: list[LayerCosts], stages: list[tuple[int, int]], m: int) -> StageSplit:
     pp = len(stages)
     costs, mems, times = [], [], []
     for k, (a, b) in enumerate(stages):
+        lc = lcs[k]
         t = float(lc.step_s[a:b].sum()) + (float(lc.p2p_s[b - 1]) if k < pp - 1 else 0.0) + float(lc.microbatch_s)
         costs.append((m + pp - 1) * t + float(lc.allreduce_s[a:b].sum()) + float(lc.optim_s[a:b].sum())
                      + lc.stage_s)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from arena_opt.gpus import GpuSpec
+from arena_opt.perf import stage_shapes
 from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, links_for
 from arena_opt.perf.compose import SCALAR_FIELDS, LayerCosts, Splits, split_many, stack
 from arena_opt.plan import Plan
@@ -103,7 +104,7 @@ def _code_version() -> str:
     """Hash of the sources a plan depends on: a cached plan from other code is never reused."""
     here = Path(__file__).resolve().parent  # arena_opt/perf
     root = here.parent.parent
-    files = [here / "planner.py", here / "analytical.py", here / "compose.py",
+    files = [here / "planner.py", here / "analytical.py", here / "compose.py", here / "stage_shapes.py",
              root / "models" / "layers.py", root / "models" / "catalog.py"]
     h = hashlib.sha1()
     for f in files:
@@ -112,8 +113,10 @@ def _code_version() -> str:
 
 
 class Planner:
-    def __init__(self, params: CostParams | None = None, layer_source=None):
+    def __init__(self, params: CostParams | None = None, layer_source=None, per_stage: bool | None = None):
         self.params = params or CostParams()
+        # per-stage (dp, tp) plans (perf/stage_shapes.py); None = $ARENA_OPT_PER_STAGE decides
+        self.per_stage = stage_shapes.enabled() if per_stage is None else per_stage
         # optional callable (arena_opt.perf.profile_source.ProfileSource) giving measured LayerCosts;
         # it returns None where it has no profile and the analytical model is used
         self.layer_source = layer_source
@@ -146,7 +149,8 @@ class Planner:
         self._disk_dirty = False
 
     def _params_key(self) -> str:
-        return self.params.model_dump_json() + "|" + str(getattr(self.layer_source, "digest", ""))
+        return (self.params.model_dump_json() + "|" + str(getattr(self.layer_source, "digest", ""))
+                + ("|per-stage" if self.per_stage else ""))
 
     def mem_cap_bytes(self, gpu: GpuSpec) -> float:
         return (gpu.memory_gib - self.params.mem_reserve_gib) * GIB
@@ -209,7 +213,34 @@ class Planner:
                             recompute=rc)
                 pareto.append(PlanResult(plan, t, mem, batch))
                 best_mem = mem
+        if self.per_stage:
+            pareto = self._per_stage(arch, table, gpu_name, gpu, links, nodes, gpus_per_node, batch, pp, cap, pareto)
         return GridPlans(pareto[0], pareto)
+
+    def _per_stage(self, arch, table, gpu_name, gpu, links, nodes, gpus_per_node, batch, pp, cap,
+                   pareto: list[PlanResult]) -> list[PlanResult]:
+        """The Pareto set with the per-stage plan of `stage_shapes.best_shaped` in front where it wins."""
+        n_gpus = nodes * gpus_per_node
+
+        def costs(dp: int, tp: int, m: int, rc: bool) -> LayerCosts:
+            lc = None
+            if self.layer_source is not None:
+                lc = self.layer_source(arch, gpu_name, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node,
+                                       batch=batch, dp=dp, tp=tp, m=m, recompute=rc)
+            if lc is None:
+                lc = _row(layer_costs(table, gpu, gpu_name, links, nodes=nodes, gpus_per_node=gpus_per_node,
+                                      batch=batch, dp=np.array([dp]), tp=np.array([tp]), m=np.array([m]),
+                                      recompute=np.array([rc]), params=self.params), 0)
+            return lc
+
+        shapes = [(n_gpus // (pp * tp), tp) for tp in tp_degrees(arch, gpus_per_node, n_gpus // pp)]
+        base = pareto[0]
+        got = stage_shapes.best_shaped(costs, shapes, batch, pp, base.plan, base.iter_time_s, cap,
+                                       stage_shapes.margin(arch.name, gpu_name))
+        if got is None:
+            return pareto
+        best = PlanResult(got[0], got[1], got[2] / GIB + self.params.mem_reserve_gib, batch)
+        return [best, *(r for r in pareto if r.mem_gib < best.mem_gib - 1e-9)]
 
     def _splits(self, arch, table, gpu_name, gpu, links, nodes, gpus_per_node, batch, dp, tp, m, rc: bool, pp,
                 cap) -> Splits:

@@ -371,6 +371,12 @@ def _plan_costs(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, top
     return parts, _costs(parts, topo, plan.pp * plan.dp * plan.tp, compute_scale)
 
 
+def _uniform_only(plan: Plan) -> None:
+    # the processor-sharing schedule models one shape for every rank; a per-stage plan would be mispriced
+    if not plan.uniform:
+        raise ValueError(f"plan {plan.describe()}: the profile model prices uniform plans only")
+
+
 def _timed(res: StageSplit, parts: LayerParts, prof: ModelProfile, plan: Plan, topo: Topology,
            compute_scale) -> StageSplit:
     """The split's iteration time: the processor-sharing schedule on a host with `topo.cores`, else the
@@ -387,6 +393,7 @@ def compute_seconds(prof: ModelProfile, plan: Plan, batch: int) -> float:
     without waiting or communication: its busy time on the device, for `perf.sharing`."""
     from arena_opt.stages import default_stages
 
+    _uniform_only(plan)
     b = batch / (plan.dp * plan.num_microbatches)
     layers = prof.layer_of()
     per = []
