@@ -2,8 +2,6 @@
 FSDP2 no view tensors (whose in-place use would silently skip an all-gather in backward).
 Processes on CPU over gloo, a scaled-down model, one step."""
 
-import os
-import socket
 import warnings
 
 import pytest
@@ -11,16 +9,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from gloo_ranks import init_rank, run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 def _worker(rank: int, world: int, port: int, model: str, plan_kw: dict, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        init_rank(rank, world, port)
         from torch.distributed.tensor import DTensor
 
         from arena_opt.plan import Plan
@@ -44,21 +40,7 @@ def _worker(rank: int, world: int, port: int, model: str, plan_kw: dict, queue) 
 
 
 def _run(model: str, world: int, plan_kw: dict):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, model, plan_kw, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        out = [queue.get(timeout=240) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    out = run_ranks(_worker, world, model, plan_kw)
     errors = [e for _, _, _, e in out if e]
     assert not errors, errors
     return [w for _, ws, _, _ in out for w in ws], next(g for _, _, g, _ in out if g is not None)

@@ -212,3 +212,23 @@ def test_preempt_saves_and_shutdown_leaves_nothing_running(runner):
     assert not [p for p in c_pids if pid_alive(p)]
     c = {o.job_id: o for o in runner.status()}["c"]
     assert c.state == "stopped" and c.last_checkpoint_step == c.step >= 1
+
+
+def test_per_stage_plans_train_like_the_uniform_plan_and_reshape_through_checkpoints(runner):
+    # dp2 -> dp1 stages (3 processes), then the uniform pp2 plan (2), then tp2 -> dp2 stages (4): each
+    # launch loads the previous one's checkpoint, and every step's loss is the uniform plans' one
+    spec = JobSpec(job_id="s", model="gpt-350M", global_batch=8, total_steps=6, step_delay_s=0.3)
+    runner.add_job(spec)
+    runner.apply(decide("s", "start", Plan(pp=2, num_microbatches=2, stage_shapes=[(2, 1), (1, 1)])))
+    wait(runner, "s", lambda s: s.step >= 2 or s.state != "running", what="step 2 under [dp2, dp1]")
+    runner.apply(decide("s", "reshape", Plan(pp=2, num_microbatches=2)))
+    wait(runner, "s", lambda s: s.generation == 1 and s.step >= 4 or s.state != "running", what="steps under pp2")
+    runner.apply(decide("s", "reshape", Plan(pp=2, num_microbatches=2, stage_shapes=[(1, 2), (2, 1)])))
+    st = wait(runner, "s", lambda s: s.state != "running", what="job to finish")
+    assert st.state == "finished", st.message
+    events = runner.events("s")
+    saved = [e["step"] for e in events if e["event"] == "checkpoint"]
+    starts = [(e["world_size"], e["step"]) for e in events if e["event"] == "start"]
+    assert [w for w, _ in starts] == [3, 2, 4] and [s for _, s in starts[1:]] == saved[:2], (starts, saved)
+    assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 7))
+    assert_losses(runner.losses("s"), reference(spec, 6))

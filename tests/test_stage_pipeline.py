@@ -2,25 +2,20 @@
 its (dp, tp), ends a step with the single-process model's gradients, and the last stage's replicas
 report the batch's mean loss. Micro-batches are cut and joined between stages of different width."""
 
-import os
-import socket
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from gloo_ranks import init_rank, run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 BATCH = 8
 
 
 def _worker(rank: int, world: int, port: int, model: str, plan_json: str, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        init_rank(rank, world, port)
         from torch.distributed.tensor import DTensor
 
         from arena_opt.plan import Plan
@@ -33,35 +28,19 @@ def _worker(rank: int, world: int, port: int, model: str, plan_json: str, queue)
         loss = pm.train_step(*synthetic_batch(arch, 0, BATCH))
         grads = {}
         for name, p in pm.module.named_parameters():
-            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad  # collective over tp
-            grads[name] = g.detach().numpy().copy()  # by value: shared tensors die with the process
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad  # a collective over tp
+            grads[name] = g.detach().numpy().copy()
         share = float(loss) / pm.loss_replicas if pm.reports_loss and loss is not None else None
         queue.put((rank, grads, share, None))
         dist.destroy_process_group()
-    except Exception as e:  # reported to the test rather than lost in a child's stderr
+    except Exception:
         import traceback
 
         queue.put((rank, None, None, traceback.format_exc()))
 
 
 def _run(model: str, plan) -> list:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    world = plan.num_gpus
-    procs = [ctx.Process(target=_worker, args=(r, world, port, model, plan.model_dump_json(), queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        out = [queue.get(timeout=240) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    out = run_ranks(_worker, plan.num_gpus, model, plan.model_dump_json())
     errors = [e for *_, e in out if e]
     assert not errors, errors[0]
     return sorted(out, key=lambda o: o[0])
