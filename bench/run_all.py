@@ -66,6 +66,7 @@ BENCHES = (
     Bench("proxy_quality.json", ("python bench/proxy_quality.py",), 30, after=("estimator.json",)),
     # also writes the committed band model arena_opt/perf/band.json (outside bench/results)
     Bench("band.json", ("python bench/band.py",), 80),
+    Bench("stage_shapes.json", ("python bench/stage_shapes.py",), 300, after=("estimator.json",)),
     Bench("jct_bound.json", ("python bench/jct_bound.py",), 20),
     Bench("bound-tiny.json", ("python bench/bound.py --parts tiny --name bound-tiny",), 30),
     Bench("bound-small.json", ("python bench/bound.py --parts small --name bound-small",), 400),

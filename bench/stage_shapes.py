@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                "params": str(args.params) if args.params.is_file() else "defaults",
                "margin": stage_shapes.PER_STAGE_MARGIN, "sets": sets}
     md = render(payload)
-    jp, mp = write(args.out, "stage_shapes", payload, md)
+    jp, mp = write(args.out, "stage_shapes", payload, md, inputs=[args.params, args.instance])
     print(md)
     print(f"wrote {jp} and {mp}", file=sys.stderr)
     return 0
