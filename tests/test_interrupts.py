@@ -25,6 +25,15 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _gen_trace(path: Path, jobs: int) -> Path:
     p = _cli("gen-trace", "--cluster", "a100:4x8", "-o", str(path), "--jobs", str(jobs), "--seed", "1")
     assert p.wait(120) == 0, p.stderr.read()
@@ -49,7 +58,11 @@ def test_sigterm_of_simulate_keeps_the_previous_result(tmp_path, long_trace):
     (out / "arena.json").write_text('{"previous": true}')
     p = _cli("simulate", "--trace", str(long_trace), "--cluster", "a100:4x8", "--policy", "arena", "-o", str(out),
              "--quiet")
-    time.sleep(6)  # well inside the simulation (it runs for minutes)
+    # well inside the simulation (it runs for minutes): counted in the process's CPU time, not wall
+    # time, since under load a fixed sleep can end before the CLI has imported and set its handlers
+    deadline = time.time() + 300
+    while p.poll() is None and _cpu_s(p.pid) < 4.0 and time.time() < deadline:
+        time.sleep(0.2)
     assert p.poll() is None, p.communicate()
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)
