@@ -228,7 +228,10 @@ class SlurmRunner(ManagedRunner):
         return out
 
     def _placement(self, devices: dict[str, list[int]]) -> dict[str, list[int]] | None:
-        """Slurm's device indices as snapshot GPU indices (None if a node is not offered now)."""
+        """Slurm's device indices as snapshot GPU indices (None if a node is not offered now, or Slurm lists
+        no devices, as for a job that is completing: its placement stays what it was)."""
+        if not devices:
+            return None
         nodes = {n.id: n for n in self.view().snapshot.nodes}
         out = {}
         for node, idx in devices.items():
