@@ -28,6 +28,7 @@ from runners.local import LocalRunner
 from runners.process import kill_all, pid_alive
 from runners.reference import reference_losses
 from runners.spec import resolve_arch
+from tests.runner_status import wait_for_status
 
 pytestmark = pytest.mark.slow
 TOL = 1e-3
@@ -53,13 +54,7 @@ def decide(job: str, action: str, plan: Plan | None = None, nodes: dict[str, int
 
 
 def wait(r: LocalRunner, job: str, pred, timeout: float = 150.0, what: str = ""):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        st = {o.job_id: o for o in r.status()}[job]
-        if pred(st):
-            return st
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what or pred}: {st}")
+    return wait_for_status(r, job, pred, timeout, what)
 
 
 def reference(spec: JobSpec, steps: int, chunks: int = 1, **kw) -> list[float]:

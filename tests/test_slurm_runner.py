@@ -16,6 +16,7 @@ from runners.base import JobSpec
 from runners.reference import reference_losses
 from runners.slurm import SlurmRunner
 from runners.spec import resolve_arch
+from tests.runner_status import wait_for_status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TOL = 1e-3  # see tests/test_runners_local.py
@@ -27,13 +28,7 @@ def decide(job: str, action: str, gpu: str, placement: dict[str, list[int]], pla
 
 
 def wait(r, job: str, pred, timeout: float = 120.0, what: str = ""):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        st = {o.job_id: o for o in r.status()}[job]
-        if pred(st):
-            return st
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}: {st}")
+    return wait_for_status(r, job, pred, timeout, what, poll_s=0.3)
 
 
 def test_two_node_job_then_reshape_to_the_other_gpu_type(slurm, tmp_path):
