@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from arena_opt.gpus import canonical_gpu
+from arena_opt.perf.analytical import CostParams
 from models.catalog import arena_model_name
 import _provenance
 from _provenance import write_result
@@ -83,3 +85,36 @@ def arena_estimates(path: Path) -> dict[tuple, dict[tuple[int, int, int], float]
             plans = out.setdefault(key, {})
             plans[plan] = min(plans.get(plan, t), t)  # repeated estimates: the best run
     return out
+
+
+def table_parser(doc: str, params: bool = False) -> argparse.ArgumentParser:
+    """The options every bench over Arena's table takes: --table, --out and, with `params`, --params (the
+    estimator bench's calibrated CostParams, defaults when that file is absent)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--table", type=Path, default=None, help="prof_records.csv (default: shared data)")
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    if params:
+        ap.add_argument("--params", type=Path, default=Path("bench/results/calibrated_params.json"))
+    return ap
+
+
+def table_path(arg: Path | None) -> Path | None:
+    """--table, else the shared data's table; None (after saying so) when there is none: the bench exits 2."""
+    from arena_opt.perf.table import default_table_path
+
+    path = arg or default_table_path()
+    if path is None or not Path(path).is_file():
+        print("no measured table: pass --table or set ARENA_OPT_DATA", file=sys.stderr)
+        return None
+    return Path(path)
+
+
+def table_and_params(args: argparse.Namespace) -> tuple[Path, CostParams, str] | None:
+    """(table, cost parameters, where they came from) of a `table_parser(params=True)` bench: the calibrated
+    parameters --params names, the defaults when the estimator bench has not written them; None: exit 2."""
+    path = table_path(args.table)
+    if path is None:
+        return None
+    if Path(args.params).is_file():
+        return path, CostParams.model_validate_json(Path(args.params).read_text()), str(args.params)
+    return path, CostParams(), "defaults"

@@ -15,7 +15,6 @@ Writes band.json and band.md (with the fold parameters, which tests/test_band.py
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -28,14 +27,14 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:
 sys.path.insert(0, str(_HERE.parent))
 
 import numpy as np  # noqa: E402
-from _perf_common import command, git_rev, machine, md_table, write  # noqa: E402
+from _perf_common import command, git_rev, machine, md_table, table_parser, table_path, write  # noqa: E402
 from estimator import ARENA_BASE  # noqa: E402  (the calibration's base parameters: the same folds)
 
 from arena_opt.perf import calibrate as cal  # noqa: E402
 from arena_opt.perf.analytical import CostParams  # noqa: E402
 from arena_opt.perf.band import DEFAULT_PATH, BandModel, ResidualRow, residuals  # noqa: E402
 from arena_opt.perf.estimator import PerfEstimator  # noqa: E402
-from arena_opt.perf.table import PerfTable, default_table_path  # noqa: E402
+from arena_opt.perf.table import PerfTable  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -80,15 +79,12 @@ def coverage(rows: list[ResidualRow], level: float, min_group: int = 20) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", type=Path, default=None, help="prof_records.csv (default: shared data)")
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap = table_parser(__doc__)
     ap.add_argument("--model-out", type=Path, default=DEFAULT_PATH, help="where the band model goes")
     ap.add_argument("--level", type=float, default=0.8)
     args = ap.parse_args(argv)
-    path = args.table or default_table_path()
-    if path is None or not Path(path).is_file():
-        print("no measured table: pass --table or set ARENA_OPT_DATA", file=sys.stderr)
+    path = table_path(args.table)
+    if path is None:
         return 2
     t_start = time.perf_counter()
     obs = cal.observations(PerfTable.load(path, "alpa_optimal"))

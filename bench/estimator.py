@@ -17,7 +17,6 @@ against the same measurements for reference. Writes estimator.json and estimator
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -31,12 +30,13 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:
     sys.path.append(sys.path.pop(0))
 sys.path.insert(0, str(_HERE.parent))
 
-from _perf_common import arena_estimates, command, err_stats, fmt_pct, git_rev, machine, md_table, write
+from _perf_common import (arena_estimates, command, err_stats, fmt_pct, git_rev, machine, md_table, table_parser,
+                          table_path, write)
 
 from arena_opt.perf import calibrate as cal
 from arena_opt.perf.analytical import CostParams
 from arena_opt.perf.estimator import PerfEstimator
-from arena_opt.perf.table import PerfTable, default_table_path
+from arena_opt.perf.table import PerfTable
 from arena_opt.io import atomic_write  # noqa: E402
 
 # Arena's runs use Alpa's GShard MoE (dense einsum dispatch, expert group 2048: Arena's configs.py)
@@ -85,13 +85,9 @@ def arena_reference(path: Path, obs: list[cal.Observation]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", type=Path, default=None, help="prof_records.csv (default: shared data)")
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
-    args = ap.parse_args(argv)
-    path = args.table or default_table_path()
-    if path is None or not Path(path).is_file():
-        print("no measured table: pass --table or set ARENA_OPT_DATA", file=sys.stderr)
+    args = table_parser(__doc__).parse_args(argv)
+    path = table_path(args.table)
+    if path is None:
         return 2
     t_start = time.perf_counter()
     obs = cal.observations(PerfTable.load(path, "alpa_optimal"))

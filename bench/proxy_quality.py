@@ -16,7 +16,6 @@ Arena reports 93.4% for its proxy plans against exhaustive search. Writes proxy_
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import time
@@ -29,13 +28,13 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:
 sys.path.insert(0, str(_HERE.parent))
 
 import numpy as np  # noqa: E402
-from _perf_common import arena_estimates, command, fmt_pct, git_rev, machine, md_table, write  # noqa: E402
+from _perf_common import (arena_estimates, command, fmt_pct, git_rev, machine, md_table,  # noqa: E402
+                          table_and_params, table_parser, write)
 
 from arena_opt.gpus import BUILTIN_GPUS, canonical_gpu  # noqa: E402
 from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, links_for  # noqa: E402
 from arena_opt.perf.compose import evaluate_split, split_stages  # noqa: E402
 from arena_opt.perf.estimator import GridShape, PerfEstimator  # noqa: E402
-from arena_opt.perf.table import default_table_path  # noqa: E402
 from arena_opt.perf.planner import tp_degrees  # noqa: E402
 from models.catalog import ARCHITECTURES, arena_model_name  # noqa: E402
 
@@ -78,16 +77,10 @@ def exhaustive(arch, batch, gpu_type, nodes, gpn, pp, params: CostParams) -> tup
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", type=Path, default=None)
-    ap.add_argument("--params", type=Path, default=Path("bench/results/calibrated_params.json"))
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
-    args = ap.parse_args(argv)
-    path = args.table or default_table_path()
-    if path is None:
-        print("no Arena table: pass --table or set ARENA_OPT_DATA", file=sys.stderr)
+    args = table_parser(__doc__, params=True).parse_args(argv)
+    if (inputs := table_and_params(args)) is None:
         return 2
-    params = (CostParams.model_validate_json(args.params.read_text()) if args.params.is_file() else CostParams())
+    path, params, params_from = inputs
     t0 = time.perf_counter()
     est = PerfEstimator(params, table_mode="off")
     grids = set()
@@ -136,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     worst.sort()
     payload = {
         "command": command(), "git": git_rev(), "machine": machine(), "seconds": time.perf_counter() - t0,
-        "params": str(args.params) if args.params.is_file() else "defaults",
+        "params": params_from,
         "model_exhaustive": {"grids": len(model_q), "mean": float(np.mean(model_q)), "min": float(np.min(model_q)),
                              "share_at_99pct": float(np.mean(np.array(model_q) >= 0.99)),
                              "pow2_microbatches_mean": float(np.mean(pow2_q)),

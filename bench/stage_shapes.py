@@ -11,7 +11,6 @@ Writes stage_shapes.json/.md.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import sys
@@ -23,14 +22,13 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:
     sys.path.append(sys.path.pop(0))
 sys.path.insert(0, str(_HERE.parent))
 
-from _perf_common import command, git_rev, machine, md_table, write  # noqa: E402
+from _perf_common import command, git_rev, machine, md_table, table_and_params, table_parser, write  # noqa: E402
 
 from arena_opt.gpus import canonical_gpu  # noqa: E402
 from arena_opt.grids import compact_shape, gpu_counts, pools  # noqa: E402
 from arena_opt.perf import stage_shapes  # noqa: E402
 from arena_opt.perf.analytical import CostParams  # noqa: E402
 from arena_opt.perf.planner import Planner  # noqa: E402
-from arena_opt.perf.table import default_table_path  # noqa: E402
 from arena_opt.snapshot import ClusterSnapshot  # noqa: E402
 from models.catalog import ARCHITECTURES, arena_model_name  # noqa: E402
 
@@ -97,23 +95,17 @@ def compare(grids: set[tuple], params: CostParams) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", type=Path, default=None)
+    ap = table_parser(__doc__, params=True)
     ap.add_argument("--instance", type=Path, default=Path("instances/large.json"))
-    ap.add_argument("--params", type=Path, default=Path("bench/results/calibrated_params.json"))
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
     args = ap.parse_args(argv)
-    table = args.table or default_table_path()
-    if table is None:
-        print("no Arena table: pass --table or set ARENA_OPT_DATA", file=sys.stderr)
+    if (inputs := table_and_params(args)) is None:
         return 2
-    params = CostParams.model_validate_json(args.params.read_text()) if args.params.is_file() else CostParams()
+    table, params, params_from = inputs
     t0 = time.perf_counter()
     sets = {"arena_table": compare(arena_grids(Path(table)), params),
             str(args.instance): compare(instance_grids(args.instance), params)}
     payload = {"command": command(), "git": git_rev(), "machine": machine(), "seconds": time.perf_counter() - t0,
-               "params": str(args.params) if args.params.is_file() else "defaults",
-               "margin": stage_shapes.PER_STAGE_MARGIN, "sets": sets}
+               "params": params_from, "margin": stage_shapes.PER_STAGE_MARGIN, "sets": sets}
     md = render(payload)
     jp, mp = write(args.out, "stage_shapes", payload, md, inputs=[args.params, args.instance])
     print(md)
