@@ -118,6 +118,7 @@ class GridCatalog:
         self._current: dict[str, tuple] = {}  # job id -> (entry, placement, plan, running grid)
         self._derived: dict[tuple, tuple] = {}  # (job id, what) -> (its options, value)
         self._grids: dict[tuple, tuple] = {}  # (job id, prune) -> (entry, running state, its shape, grids)
+        self._ahead: set[tuple] = set()  # workloads whose grid shapes were handed to the planner together
         self._cluster: _Cluster | None = None
         self._contexts: dict[tuple, int] = {}  # cluster context -> a small key for the workload entries
 
@@ -135,6 +136,7 @@ class GridCatalog:
             self._current.clear()
             self._derived.clear()
             self._grids.clear()
+            self._ahead.clear()
             self._version = v
 
     # ---- estimates of one shape ------------------------------------------------------------------
@@ -181,6 +183,9 @@ class GridCatalog:
 
     def all_grids(self, snapshot: ClusterSnapshot, *, max_gpus_default: int = 16) -> dict[str, list[Grid]]:
         """`grids(prune=True)` of every job of the snapshot (level 1's input)."""
+        cl = self.cluster(snapshot)
+        self._plan_ahead([j for j in snapshot.jobs if _workload(j, cl, max_gpus_default) not in self._ahead], cl,
+                         max_gpus_default)
         return {j.id: self.grids(j, snapshot, max_gpus_default=max_gpus_default, prune=True) for j in snapshot.jobs}
 
     def options(self, job: Job, snapshot: ClusterSnapshot, *, max_gpus_default: int = 16
@@ -245,34 +250,40 @@ class GridCatalog:
 
     def _entry(self, job: Job, cl: "_Cluster", max_gpus_default: int) -> "_JobOptions":
         self._fresh()
-        model_key = job.model if isinstance(job.model, str) else job.arch
-        key = (model_key, job.batch_size, job.min_gpus, job.max_gpus, tuple(job.allowed_gpu_types or ()),
-               max_gpus_default, cl.context)
+        key = _workload(job, cl, max_gpus_default)
         entry = self._workloads.get(key)
         if entry is None:
+            if key not in self._ahead:
+                self._plan_ahead([job], cl, max_gpus_default)
             entry = self._workloads[key] = _JobOptions(self._options(job, cl, max_gpus_default))
         return entry
 
+    def _plan_ahead(self, jobs: list[Job], cl: "_Cluster", max_gpus_default: int) -> None:
+        """Every grid shape of the jobs (whose options are not known yet), planned in one planner pass
+        (`PerfEstimator.plan_ahead`): `_options` then finds them cached."""
+        self._fresh()
+        want: dict[tuple, None] = {}
+        for job in jobs:
+            self._ahead.add(_workload(job, cl, max_gpus_default))
+            for pool, spec, shapes in _shapes(job, cl, max_gpus_default):
+                for shape in shapes:
+                    key = (job.arch, job.batch_size, spec, pool.intra_link, shape)
+                    if key not in self._plans:
+                        want[key] = None
+        if want:
+            self.estimator.plan_ahead(list(want))
+
     def _options(self, job: Job, cl: "_Cluster", max_gpus_default: int) -> list[tuple[tuple, list]]:
         """Per (pool, GPU count) the feasible (shape, proxy, Pareto) of every pipeline depth."""
-        allowed = set(job.allowed_gpu_types) if job.allowed_gpu_types else None
         out = []
-        for pool in cl.pool_map.values():
-            if allowed is not None and pool.gpu_type not in allowed:
-                continue
-            spec = cl.catalog[pool.gpu_type]
-            for n in gpu_counts(job, pool, max_gpus_default):
-                nodes, gpn = compact_shape(n, pool.gpus_per_node)
-                cands = []
-                pp = 1
-                while pp <= n:
-                    shape = GridShape(pool.gpu_type, nodes, gpn, pp)
-                    plans = self.plans(job.arch, job.batch_size, spec, pool.intra_link, shape)
-                    if plans.proxy is not None:
-                        cands.append((shape, plans.proxy, tuple(plans.pareto)))
-                    pp *= 2
-                if cands:
-                    out.append((pool.key, cands))
+        for pool, spec, shapes in _shapes(job, cl, max_gpus_default):
+            cands = []
+            for shape in shapes:
+                plans = self.plans(job.arch, job.batch_size, spec, pool.intra_link, shape)
+                if plans.proxy is not None:
+                    cands.append((shape, plans.proxy, tuple(plans.pareto)))
+            if cands:
+                out.append((pool.key, cands))
         return out
 
     def _running_grid(self, job: Job, cl: "_Cluster", entry: "_JobOptions", key) -> Grid | None:
@@ -321,6 +332,30 @@ class _JobOptions:
             keep = {id(g) for g in drop_dominated(grids)}
             self._pruned = [pc for pc, g in zip(self.best(), grids) if id(g) in keep]
         return self._pruned
+
+
+def _workload(job: Job, cl: _Cluster, max_gpus_default: int) -> tuple:
+    """What a job's grid options depend on: its workload, limits and the cluster's context."""
+    model_key = job.model if isinstance(job.model, str) else job.arch
+    return (model_key, job.batch_size, job.min_gpus, job.max_gpus, tuple(job.allowed_gpu_types or ()),
+            max_gpus_default, cl.context)
+
+
+def _shapes(job: Job, cl: _Cluster, max_gpus_default: int):
+    """Per allowed pool and power-of-two GPU count: (pool, its GPU spec, the compact shape at every
+    pipeline depth)."""
+    allowed = set(job.allowed_gpu_types) if job.allowed_gpu_types else None
+    for pool in cl.pool_map.values():
+        if allowed is not None and pool.gpu_type not in allowed:
+            continue
+        spec = cl.catalog[pool.gpu_type]
+        for n in gpu_counts(job, pool, max_gpus_default):
+            nodes, gpn = compact_shape(n, pool.gpus_per_node)
+            shapes, pp = [], 1
+            while pp <= n:
+                shapes.append(GridShape(pool.gpu_type, nodes, gpn, pp))
+                pp *= 2
+            yield pool, spec, shapes
 
 
 def _context(snapshot: ClusterSnapshot, pool_map: dict[tuple, Pool]) -> tuple:

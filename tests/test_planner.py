@@ -301,3 +301,74 @@ def test_microbatch_overhead_is_paid_per_slot_and_the_dp_stays_exact(seed):
     assert b.iter_time_s == pytest.approx(a.iter_time_s + (m + len(stages) - 1) * c)
     dp, bf = split_stages(heavy, pp, m, 1e9), brute_force(heavy, pp, m, 1e9)
     assert dp.iter_time_s == pytest.approx(bf.iter_time_s)
+
+
+# --- planning across grids (Planner.plan_many): one stack per (model, GPU, link) and per (model, pp)
+def test_layer_terms_are_elementwise_in_the_grid_shape():
+    """The planner costs many grids of one (model, GPU, link) in one call, with nodes, GPUs per node and
+    batch as arrays: each row must equal that grid's own scalar call."""
+    arch, spec = get_arch("moe-2.4B"), BUILTIN_GPUS["a100-40gb"]
+    planner = Planner()
+    table = cost_table(arch, planner.params)
+    links = links_for(spec, None, planner.params)
+    rows = [(nodes, gpn, batch, dp, tp, m, rc) for nodes, gpn in ((1, 1), (1, 4), (2, 4), (4, 4))
+            for batch in (64, 256) for tp in (1, 2) for dp in (1, 2, 4) for m in (1, 4) for rc in (False, True)
+            if dp * tp <= nodes * gpn]
+    nodes, gpn, batch, dp, tp, m, rc = (np.array(x) for x in zip(*rows))
+    many = layer_costs(table, spec, "a100-40gb", links, nodes=nodes[:, None], gpus_per_node=gpn[:, None],
+                       batch=batch, dp=dp, tp=tp, m=m, recompute=rc, params=planner.params)
+    for i, (n, g, b, d, t, k, r) in enumerate(rows):
+        one = layer_costs(table, spec, "a100-40gb", links, nodes=n, gpus_per_node=g, batch=b, dp=d, tp=t, m=k,
+                          recompute=r, params=planner.params)
+        for f in FIELDS:
+            assert np.array_equal(getattr(many, f)[i], getattr(one, f)), (rows[i], f)
+        assert float(np.broadcast_to(many.microbatch_s, m.shape)[i]) == float(one.microbatch_s)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_split_many_with_caps_per_candidate_and_in_chunks_equals_one_at_a_time(seed, monkeypatch):
+    import arena_opt.perf.compose as compose
+
+    rng = np.random.default_rng(300 + seed)
+    c, n = int(rng.integers(5, 12)), int(rng.integers(3, 9))
+    pp = int(rng.integers(1, min(n, 5) + 1))
+    m = rng.choice([1, 2, 4, 8], c)
+    lc = random_stack(rng, c, n, integers=bool(seed % 2))
+    caps = rng.uniform(3, 30, c)
+    monkeypatch.setattr(compose, "_FULL_CHUNK", (n + 1) ** 2 * 2)  # stacks of 3+ stages go in chunks of 2
+    res = split_many(lc, pp, m, caps)
+    for i in range(c):
+        one = split_many(row(lc, i), pp, int(m[i]), float(caps[i]))
+        assert res.feasible[i] == one.feasible[0]
+        if one.feasible[0]:
+            assert res.iter_time_s[i] == one.iter_time_s[0]
+            assert list(res.bounds[i]) == list(one.bounds[0])
+            assert np.array_equal(res.mem_bytes[i], one.mem_bytes[0])
+
+
+def test_plan_many_equals_one_grid_at_a_time():
+    """Grids of several models, GPUs, shapes, batches and depths planned together (duplicates and grids
+    without a plan among them) get exactly the plans each gets planned alone, and those plans validate."""
+    from arena_opt.plan import Plan
+
+    grids = []
+    for model, batch in (("bert-2.6B", 256), ("moe-10B", 256), ("gpt-760M", 128), ("wide_resnet-2B", 512),
+                         ("llama-70B", 1024), ("bert-2.6B", 64)):
+        for gpu, gpns in (("a40", (1, 2)), ("a100-40gb", (1, 4)), ("v100-32gb", (8,))):
+            for gpn in gpns:
+                for nodes in (1, 2):
+                    for pp in (1, 2, 4, 8):
+                        if pp <= nodes * gpn:
+                            grids.append((get_arch(model), batch, gpu, BUILTIN_GPUS[gpu], None, nodes, gpn, pp))
+    grids += grids[:5]
+    together = Planner().plan_many(grids)
+    planned = 0
+    for g, got in zip(grids, together):
+        alone = Planner().plan(*g)
+        assert [(r.plan, r.iter_time_s, r.mem_gib) for r in got.pareto] == \
+            [(r.plan, r.iter_time_s, r.mem_gib) for r in alone.pareto]
+        assert got.proxy == alone.proxy
+        for r in got.pareto:
+            assert Plan.model_validate(r.plan.model_dump()) == r.plan
+        planned += bool(got.pareto)
+    assert 20 < planned < len(grids)

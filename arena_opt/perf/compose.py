@@ -52,11 +52,25 @@ class LayerCosts:
 SCALAR_FIELDS = ("stage_s", "microbatch_s")
 
 
-def stack(costs: list[LayerCosts]) -> LayerCosts:
-    """One stack of candidates from single ones (all with the same layers)."""
-    arrays = {f: np.stack([getattr(c, f) for c in costs]) for f in LayerCosts.__dataclass_fields__
-              if f not in SCALAR_FIELDS}
-    return LayerCosts(**arrays, **{f: np.array([float(getattr(c, f)) for c in costs]) for f in SCALAR_FIELDS})
+def stack(costs: Sequence[LayerCosts]) -> LayerCosts:
+    """One stack of candidates from single ones or stacks of them (all with the same layers)."""
+    costs = [_stacked(c) for c in costs]
+    if len(costs) == 1:
+        return costs[0]
+    return LayerCosts(**{f: np.concatenate([getattr(c, f) for c in costs]) for f in LayerCosts.__dataclass_fields__
+                         if f not in SCALAR_FIELDS},
+                      **{f: np.concatenate([_per_candidate(c, f) for c in costs]) for f in SCALAR_FIELDS})
+
+
+def take(lc: LayerCosts, rows) -> LayerCosts:
+    """Candidates `rows` of a stack (an index array or a slice: a stack; one index: a single candidate)."""
+    return LayerCosts(**{f: getattr(lc, f)[rows] for f in LayerCosts.__dataclass_fields__ if f not in SCALAR_FIELDS},
+                      **{f: _per_candidate(lc, f)[rows] for f in SCALAR_FIELDS})
+
+
+def _per_candidate(lc: LayerCosts, f: str) -> np.ndarray:
+    """A scalar field of a stack, one value per candidate."""
+    return np.broadcast_to(np.asarray(getattr(lc, f), dtype=float), lc.step_s.shape[:1])
 
 
 @dataclass(frozen=True)
@@ -169,11 +183,37 @@ class _Segments:
         t, cost, _ = self._terms(0, seg, lambda P: P[:, None, :], None, memory=False)
         return valid, cost, seg(self.ST), seg(self.ACT), np.maximum(np.maximum.accumulate(peak, axis=2), 0.0)
 
+    def middle(self, memory: bool):
+        """The segments [j, i) a middle stage can hold (1 <= j <= n - 2, 2 <= i <= n - 1) as (C, i, j)
+        arrays, so that the DP's minimum over j runs along the last, contiguous axis: cost (the same for
+        every middle stage; +inf where j >= i) and, with `memory`, static and activation bytes and
+        transient memory (running max). The same sums as `full`, bit for bit."""
+        n = self.n
+        ii, jj = slice(2, n), slice(1, n - 1)
+        valid = (np.arange(2, n)[:, None] > np.arange(1, n - 1)[None, :])[None]
 
-def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes: float) -> Splits:
+        def seg(P):
+            return P[:, ii, None] - P[:, None, jj]
+
+        _, cost, _ = self._terms(0, seg, lambda P: P[:, ii, None], None, memory=False)
+        cost = np.where(valid, cost, np.inf)
+        if not memory:
+            return cost, None, None, None
+        # max over the layers j..i-1: running max along j from i - 1 down
+        layers = np.where(valid, self.peak[:, None, jj], -np.inf)
+        peak = np.maximum(np.maximum.accumulate(layers[:, :, ::-1], axis=2)[:, :, ::-1], 0.0)
+        return cost, seg(self.ST), seg(self.ACT), peak
+
+
+# elements of one (candidates, L+1, L+1) middle-stage array: larger stacks are split in chunks of rows
+_FULL_CHUNK = 1 << 20
+
+
+def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
     """Exact min-max contiguous split into pp stages with every stage within memory, for every candidate of
-    a stack at once (`m` one micro-batch count per candidate, or one for all): the dynamic program over
-    prefixes, f_k[i] = min_j max(f_{k-1}[j], cost_k[j, i]), on (candidates x split points) arrays.
+    a stack at once (`m` one micro-batch count per candidate, or one for all; `mem_cap_bytes` likewise, so
+    grids of different GPUs share one call): the dynamic program over prefixes,
+    f_k[i] = min_j max(f_{k-1}[j], cost_k[j, i]), on (candidates x split points) arrays.
 
     Stage 0 only starts at layer 0 and the last stage only ends at layer n, so they need one row and one
     column of segments; a middle stage k only the band of split points that leave every other stage a
@@ -182,37 +222,43 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes: float) -> Splits:
     lc = _stacked(lc)
     c, n = lc.step_s.shape
     m = np.broadcast_to(np.asarray(m), (c,))
+    caps = np.broadcast_to(np.asarray(mem_cap_bytes, dtype=float), (c,))
     rows = np.arange(c)
     bounds = np.zeros((c, pp + 1), dtype=int)
     bounds[:, pp] = n
     if pp > n:
         empty = np.full((c, pp), np.inf)
         return Splits(np.zeros(c, dtype=bool), bounds, np.full(c, np.inf), empty, empty)
-    cap = mem_cap_bytes
+    chunk = max(1, _FULL_CHUNK // (n + 1) ** 2)
+    if pp > 2 and c > chunk:  # every row is split on its own: chunks of rows give the same result
+        parts = [split_many(take(lc, slice(a, a + chunk)), pp, m[a:a + chunk], caps[a:a + chunk])
+                 for a in range(0, c, chunk)]
+        return Splits(*(np.concatenate([getattr(p, f) for p in parts]) for f in Splits.__dataclass_fields__))
+    cap = caps.reshape(c, 1)
     s = _Segments(lc, pp, m)
     if pp == 1:
         t, cost, mem = (x[:, n] for x in s.row(0))
-        return Splits(mem <= cap, bounds, np.where(mem <= cap, cost, np.inf), t[:, None], mem[:, None])
+        return Splits(mem <= caps, bounds, np.where(mem <= caps, cost, np.inf), t[:, None], mem[:, None])
     _, cost0, mem0 = s.row(0)
     f = np.where(mem0 <= cap, cost0, np.inf)  # f[:, i] = best bottleneck for the first i layers in k+1 stages
     choice = {}
     if pp > 2:
-        valid, cost, static, act, peak = s.full()
         # Rounding is monotone, so no segment needs more than the whole model with pp micro-batches in
         # flight: where that fits, every middle stage fits and the memory test is skipped (same result).
         roomy = bool(np.all(lc.static_bytes >= 0) and np.all(lc.act_bytes >= 0) and np.all(
-            s.ST[:, n] + np.minimum(s.m[:, 0], pp) * s.ACT[:, n] + np.maximum(s.peak.max(axis=1), 0.0) <= cap))
+            s.ST[:, n] + np.minimum(s.m[:, 0], pp) * s.ACT[:, n] + np.maximum(s.peak.max(axis=1), 0.0) <= caps))
+        cost, static, act, peak = s.middle(not roomy)
         for k in range(1, pp - 1):
-            lo, hi = k, n - (pp - 1 - k)  # j in [lo, hi), i in (lo, hi]
-            band = (slice(None), slice(lo, hi), slice(lo + 1, hi + 1))
-            ok = valid[band]
+            lo, hi = k, n - (pp - 1 - k)  # j in [lo, hi), i in (lo, hi]; middle()'s axes start at j = 1, i = 2
+            band = (slice(None), slice(lo - 1, hi - 1), slice(lo - 1, hi - 1))
+            seg = cost[band]
             if not roomy:
                 inflight = np.minimum(s.m, pp - k)[:, :, None]
-                ok = ok & (static[band] + inflight * act[band] + peak[band] <= cap)
-            cand = np.maximum(f[:, lo:hi, None], np.where(ok, cost[band], np.inf))  # [c, j, i]
-            arg = np.argmin(cand, axis=1)
+                seg = np.where(static[band] + inflight * act[band] + peak[band] <= cap[:, :, None], seg, np.inf)
+            cand = np.maximum(f[:, None, lo:hi], seg)  # [c, i, j]
+            arg = np.argmin(cand, axis=2)
             nf = np.full((c, n + 1), np.inf)
-            nf[:, lo + 1:hi + 1] = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0]
+            nf[:, lo + 1:hi + 1] = np.take_along_axis(cand, arg[:, :, None], axis=2)[:, :, 0]
             f = nf
             full_arg = np.zeros((c, n + 1), dtype=int)
             full_arg[:, lo + 1:hi + 1] = arg + lo

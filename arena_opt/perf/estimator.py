@@ -62,6 +62,14 @@ class PerfEstimator:
                                   shape.pp)
         return self._adjust(arch, batch, gpu, intra_link, shape, plans)
 
+    def plan_ahead(self, grids: list[tuple]) -> None:
+        """Plans every (arch, batch, gpu, intra_link, shape) of `grids` in one planner pass
+        (`Planner.plan_many`: all of them at once is much faster than one at a time); `grid` then
+        finds them cached."""
+        self.planner.plan_many([(arch, batch, s.gpu_type, gpu, link, s.nodes, s.gpus_per_node, s.pp)
+                                for arch, batch, gpu, link, s in grids
+                                if self.in_scope(arch.name, batch, s.gpu_type, s.nodes, s.gpus_per_node)])
+
     def in_scope(self, model: str, batch: int, gpu_type: str, nodes: int, gpus_per_node: int) -> bool:
         """False when `grid` is infeasible for this shape whatever the planner finds (strict mode, shape
         not in the table): callers walking many shapes skip the planner there."""

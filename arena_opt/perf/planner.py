@@ -14,13 +14,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf import stage_shapes
 from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, links_for
-from arena_opt.perf.compose import SCALAR_FIELDS, LayerCosts, Splits, split_many, stack
+from arena_opt.perf.compose import LayerCosts, Splits, split_many, stack, take
 from arena_opt.plan import Plan
 from models.catalog import Arch
 
@@ -125,9 +126,10 @@ class Planner:
         self._disk_dirty = False
 
     # --- on-disk cache: plans are deterministic in (code, params, model, batch, GPU, shape) --------------------
-    def _disk_key(self, arch: Arch, batch, gpu: GpuSpec, intra_link, nodes, gpus_per_node, pp) -> str:
-        return "|".join([arch.model_dump_json(), str(batch), gpu.model_dump_json(), str(intra_link), str(nodes),
-                         str(gpus_per_node), str(pp)])
+    def _disk_key(self, grid: tuple) -> str:
+        arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp = grid
+        return "|".join([_json(arch), str(batch), _json(gpu), str(intra_link), str(nodes), str(gpus_per_node),
+                         str(pp), gpu_name])
 
     def load_cache(self, path) -> None:
         path = Path(path)
@@ -159,63 +161,93 @@ class Planner:
              gpus_per_node: int, pp: int) -> GridPlans:
         key = (arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp)
         hit = self._cache.get(key)
-        if hit is None:
-            dkey = self._disk_key(arch, batch, gpu, intra_link, nodes, gpus_per_node, pp) + "|" + gpu_name
-            stored = self._disk.get(dkey)
-            if stored is not None:
-                pareto = [PlanResult(Plan.model_validate(p), t, mem, batch) for p, t, mem in stored]
-                hit = GridPlans(pareto[0] if pareto else None, pareto)
-            else:
-                hit = self._plan(arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp)
-                self._disk[dkey] = [(r.plan.model_dump(), r.iter_time_s, r.mem_gib) for r in hit.pareto]
+        return hit if hit is not None else self.plan_many([key])[0]
+
+    def plan_many(self, grids: Sequence[tuple]) -> list[GridPlans]:
+        """`plan` of every grid (`plan`'s arguments as one tuple); the grids in neither cache are planned
+        together (`_plan_all`)."""
+        out: list[GridPlans | None] = []
+        todo: dict[tuple, list[int]] = {}
+        for i, key in enumerate(grids):
+            hit = self._cache.get(key)
+            if hit is None:
+                stored = self._disk.get(self._disk_key(key))
+                if stored is not None:
+                    batch = key[1]
+                    pareto = [PlanResult(Plan.model_validate(p), t, mem, batch) for p, t, mem in stored]
+                    hit = self._cache[key] = GridPlans(pareto[0] if pareto else None, pareto)
+                else:
+                    todo.setdefault(key, []).append(i)
+            out.append(hit)
+        if todo:
+            for key, hit in zip(todo, self._plan_all(list(todo))):
+                self._cache[key] = hit
+                self._disk[self._disk_key(key)] = [(r.plan.model_dump(), r.iter_time_s, r.mem_gib) for r in hit.pareto]
                 self._disk_dirty = True
-            self._cache[key] = hit
-        return hit
+                for i in todo[key]:
+                    out[i] = hit
+        return out
 
-    def _plan(self, arch, batch, gpu_name, gpu, intra_link, nodes, gpus_per_node, pp) -> GridPlans:
-        n_gpus = nodes * gpus_per_node
-        table = cost_table(arch, self.params)
-        if n_gpus % pp or pp > table.num_layers:
-            return GridPlans(None)
-        links = links_for(gpu, intra_link, self.params)
-        cap = self.mem_cap_bytes(gpu)
-        cands = [(tp, dp, m) for tp in tp_degrees(arch, gpus_per_node, n_gpus // pp)
-                 for dp in (n_gpus // (pp * tp),) if batch % dp == 0 for m in microbatch_counts(batch // dp, pp)]
-        if not cands:
-            return GridPlans(None)
-        tp, dp, m = (np.array(x) for x in zip(*cands))
-        # every candidate's split in one pass; recomputation only pays when the plain plan does not fit,
-        # so only the candidates without a plain split are tried with it
-        plain = self._splits(arch, table, gpu_name, gpu, links, nodes, gpus_per_node, batch, dp, tp, m, False, pp,
-                             cap)
-        rows = {c: (plain, c, False) for c in np.flatnonzero(plain.feasible)}
-        redo = np.flatnonzero(~plain.feasible)
+    def _plan_all(self, grids: list[tuple]) -> list[GridPlans]:
+        """Plans of grids, all at once. Every grid's candidates (tp, dp = GPUs / (pp tp), micro-batches) are
+        costed in one `layer_costs` call per (model, GPU, link) and split in one `split_many` call per
+        (model, pp), across grids: numpy's cost per call, not the arithmetic, was the planner's time, and
+        each candidate's split is independent of the others in its stack. Recomputation only pays when
+        the plain plan does not fit, so only the candidates without a plain split are tried with it."""
+        cand = []  # (grid, tp, dp, m), by grid, then tp, then m: the tie-break of equal plans
+        groups: dict[tuple, int] = {}  # (model, GPU name, GPU, link) -> its cost group
+        group_of = np.zeros(len(grids), dtype=int)
+        for g, (arch, batch, gpu_name, gpu, intra_link, nodes, gpn, pp) in enumerate(grids):
+            n_gpus = nodes * gpn
+            if n_gpus % pp or pp > cost_table(arch, self.params).num_layers:
+                continue
+            group_of[g] = groups.setdefault((arch, gpu_name, gpu, intra_link), len(groups))
+            for tp in tp_degrees(arch, gpn, n_gpus // pp):
+                dp = n_gpus // (pp * tp)
+                if batch % dp == 0:
+                    cand.extend((g, tp, dp, m) for m in microbatch_counts(batch // dp, pp))
+        out = [GridPlans(None)] * len(grids)
+        if not cand:
+            return out
+        g, tp, dp, m = (np.array(x) for x in zip(*cand))
+        shape = {k: np.array([x[i] for x in grids]) for k, i in (("batch", 1), ("nodes", 5), ("gpn", 6), ("pp", 7))}
+        caps = np.array([self.mem_cap_bytes(x[3]) for x in grids])
+        plain = self._split_rows(list(groups), group_of, shape, caps, (g, tp, dp, m), np.arange(len(cand)), False)
+        ok = np.zeros(len(cand), dtype=bool)
+        for sp, rows in plain:
+            ok[rows] = sp.feasible
+        found = [(sp, rows, False) for sp, rows in plain]
+        redo = np.flatnonzero(~ok)
         if len(redo):
-            rec = self._splits(arch, table, gpu_name, gpu, links, nodes, gpus_per_node, batch, dp[redo], tp[redo],
-                               m[redo], True, pp, cap)
-            rows.update({int(c): (rec, i, True) for i, c in enumerate(redo) if rec.feasible[i]})
-        if not rows:
-            return GridPlans(None)
+            found += [(sp, rows, True) for sp, rows in self._split_rows(list(groups), group_of, shape, caps,
+                                                                        (g, tp, dp, m), redo, True)]
+        # per candidate: (time, memory, recompute, stages) of its best split, None where none fits
+        best: list[tuple | None] = [None] * len(cand)
         reserve = self.params.mem_reserve_gib
-        order = sorted(rows)  # candidate order (tp, then micro-batches): the tie-break of equal plans
-
-        def measures(c):
-            sp, i, _ = rows[c]
-            return float(sp.iter_time_s[i]), float(sp.mem_bytes[i].max()) / GIB + reserve
-
-        found = sorted(((*measures(c), c) for c in order), key=lambda r: (r[0], r[1]))
-        pareto, best_mem = [], float("inf")
-        for t, mem, c in found:
-            if mem < best_mem - 1e-9:
-                sp, i, rc = rows[c]
-                stages = sp.split(i).stages
-                plan = Plan(pp=pp, dp=int(dp[c]), tp=int(tp[c]), num_microbatches=int(m[c]), stages=stages,
-                            recompute=rc)
-                pareto.append(PlanResult(plan, t, mem, batch))
-                best_mem = mem
-        if self.per_stage:
-            pareto = self._per_stage(arch, table, gpu_name, gpu, links, nodes, gpus_per_node, batch, pp, cap, pareto)
-        return GridPlans(pareto[0], pareto)
+        for sp, rows, rc in found:
+            times, mems = sp.iter_time_s.tolist(), (sp.mem_bytes.max(axis=1) / GIB + reserve).tolist()
+            bounds = sp.bounds.tolist()
+            for i in np.flatnonzero(sp.feasible).tolist():
+                best[rows[i]] = (times[i], mems[i], rc, bounds[i])
+        per_grid: dict[int, list] = {}
+        for c, (x, t, d, k) in enumerate(cand):
+            if best[c] is not None:
+                per_grid.setdefault(x, []).append((*best[c], t, d, k))
+        for x, rows in per_grid.items():
+            arch, batch, gpu_name, gpu, intra_link, nodes, gpn, pp = grids[x]
+            pareto, best_mem = [], float("inf")
+            for t, mem, rc, b, tp_, dp_, m_ in sorted(rows, key=lambda r: (r[0], r[1])):
+                if mem < best_mem - 1e-9:
+                    plan = Plan(pp=pp, dp=dp_, tp=tp_, num_microbatches=m_, stages=[(b[j], b[j + 1]) for j in range(pp)],
+                                recompute=rc)
+                    pareto.append(PlanResult(plan, t, mem, batch))
+                    best_mem = mem
+            if self.per_stage:
+                pareto = self._per_stage(arch, cost_table(arch, self.params), gpu_name, gpu,
+                                         links_for(gpu, intra_link, self.params), nodes, gpn, batch, pp,
+                                         self.mem_cap_bytes(gpu), pareto)
+            out[x] = GridPlans(pareto[0], pareto)
+        return out
 
     def _per_stage(self, arch, table, gpu_name, gpu, links, nodes, gpus_per_node, batch, pp, cap,
                    pareto: list[PlanResult]) -> list[PlanResult]:
@@ -228,7 +260,7 @@ class Planner:
                 lc = self.layer_source(arch, gpu_name, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node,
                                        batch=batch, dp=dp, tp=tp, m=m, recompute=rc)
             if lc is None:
-                lc = _row(layer_costs(table, gpu, gpu_name, links, nodes=nodes, gpus_per_node=gpus_per_node,
+                lc = take(layer_costs(table, gpu, gpu_name, links, nodes=nodes, gpus_per_node=gpus_per_node,
                                       batch=batch, dp=np.array([dp]), tp=np.array([tp]), m=np.array([m]),
                                       recompute=np.array([rc]), params=self.params), 0)
             return lc
@@ -242,21 +274,47 @@ class Planner:
         best = PlanResult(got[0], got[1], got[2] / GIB + self.params.mem_reserve_gib, batch)
         return [best, *(r for r in pareto if r.mem_gib < best.mem_gib - 1e-9)]
 
-    def _splits(self, arch, table, gpu_name, gpu, links, nodes, gpus_per_node, batch, dp, tp, m, rc: bool, pp,
-                cap) -> Splits:
-        """Best split of each (dp[c], tp[c], m[c]) candidate: analytical costs for all of them at once,
-        measured layers (`layer_source`) where a profile has them."""
-        lc = layer_costs(table, gpu, gpu_name, links, nodes=nodes, gpus_per_node=gpus_per_node, batch=batch,
-                         dp=dp, tp=tp, m=m, recompute=np.full(len(m), rc), params=self.params)
-        if self.layer_source is not None:
-            rows = [self.layer_source(arch, gpu_name, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node,
-                                      batch=batch, dp=int(d), tp=int(t), m=int(k), recompute=rc)
-                    for d, t, k in zip(dp, tp, m)]
-            if any(r is not None for r in rows):
-                lc = stack([r if r is not None else _row(lc, c) for c, r in enumerate(rows)])
-        return split_many(lc, pp, m, cap)
+    def _split_rows(self, groups: list[tuple], group_of: np.ndarray, shape: dict[str, np.ndarray], caps: np.ndarray,
+                    cols: tuple[np.ndarray, ...], rows: np.ndarray, rc: bool) -> list[tuple[Splits, np.ndarray]]:
+        """Best split of each candidate of `rows` (indices into `cols`: grid, tp, dp, m), with or without
+        recomputation. Analytical costs of a cost group's (model, GPU, link) candidates in one pass (the
+        grids' nodes, GPUs per node and batch as arrays: `layer_terms` is elementwise in them), measured
+        layers (`layer_source`) where a profile has them, then one DP per (model, pp). Returns
+        (splits, the candidates they are of) pairs."""
+        g, tp, dp, m = cols
+        grp = group_of[g[rows]]
+        by_split: dict[tuple, list[tuple[LayerCosts, np.ndarray]]] = {}
+        for k in np.unique(grp).tolist():
+            cs = rows[grp == k]
+            arch, gpu_name, gpu, intra_link = groups[k]
+            table = cost_table(arch, self.params)
+            links = links_for(gpu, intra_link, self.params)
+            batch, nodes, gpn, pp = (shape[f][g[cs]] for f in ("batch", "nodes", "gpn", "pp"))
+            lc = layer_costs(table, gpu, gpu_name, links, nodes=nodes[:, None], gpus_per_node=gpn[:, None],
+                             batch=batch, dp=dp[cs], tp=tp[cs], m=m[cs], recompute=np.full(len(cs), rc),
+                             params=self.params)
+            if self.layer_source is not None:
+                measured = [self.layer_source(arch, gpu_name, gpu, links, nodes=int(nodes[i]),
+                                              gpus_per_node=int(gpn[i]), batch=int(batch[i]), dp=int(dp[c]),
+                                              tp=int(tp[c]), m=int(m[c]), recompute=rc) for i, c in enumerate(cs)]
+                if any(r is not None for r in measured):
+                    lc = stack([r if r is not None else take(lc, i) for i, r in enumerate(measured)])
+            for p in np.unique(pp).tolist():
+                at = np.flatnonzero(pp == p)
+                by_split.setdefault((arch, p), []).append((take(lc, at), cs[at]))
+        out = []
+        for (_, p), parts in by_split.items():
+            cs = np.concatenate([c for _, c in parts])
+            out.append((split_many(stack([lc for lc, _ in parts]), p, m[cs], caps[g[cs]]), cs))
+        return out
 
 
-def _row(lc: LayerCosts, c: int) -> LayerCosts:
-    return LayerCosts(**{f: getattr(lc, f)[c] for f in LayerCosts.__dataclass_fields__ if f not in SCALAR_FIELDS},
-                      **{f: float(np.broadcast_to(getattr(lc, f), lc.step_s.shape[:1])[c]) for f in SCALAR_FIELDS})
+_JSON: dict = {}
+
+
+def _json(model) -> str:
+    """A (frozen, hashable) model's JSON, kept: every disk-cache key holds the model's and the GPU's."""
+    s = _JSON.get(model)
+    if s is None:
+        s = _JSON[model] = model.model_dump_json()
+    return s
