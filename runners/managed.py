@@ -44,6 +44,7 @@ from runners.events import EventLog
 from runners.names import safe_name
 from runners.progress import ProgressReader, clear_stop, request_stop
 from runners.spec import TrainSpec, resolve_arch
+from runners.workdir_lock import WorkdirLock
 from arena_opt.stages import check_plan, scale_plan
 
 # torchrun's line for a failed worker (torch/distributed/elastic/multiprocessing/api.py)
@@ -115,6 +116,8 @@ class ManagedRunner(Runner):
                  events: EventLog | None = None) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._lock = WorkdirLock(self.workdir)
+        self._lock.acquire()
         self.device = device
         self.ckpt_interval = ckpt_interval
         self.ckpt_every_s = ckpt_every_s
@@ -229,16 +232,19 @@ class ManagedRunner(Runner):
 
     def shutdown(self, save: bool = True, timeout_s: float | None = None) -> None:
         """Stop all jobs (saving a checkpoint unless save=False), killing what does not exit in time."""
-        running = [j for j in self.jobs.values() if j.handle is not None]
-        if save:
-            self._stop_many(running, timeout_s)
-        for j in running:
-            if j.handle is not None:
-                j.handle.terminate(timeout=5.0)
-                self._settle(j, stopping=True)
-        for handles in self._orphans.values():
-            for h in handles:
-                h.kill()
+        try:
+            running = [j for j in self.jobs.values() if j.handle is not None]
+            if save:
+                self._stop_many(running, timeout_s)
+            for j in running:
+                if j.handle is not None:
+                    j.handle.terminate(timeout=5.0)
+                    self._settle(j, stopping=True)
+            for handles in self._orphans.values():
+                for h in handles:
+                    h.kill()
+        finally:
+            self._lock.release()
 
     # ------------------------------------------------------------------ internals
 

@@ -16,12 +16,20 @@ allocation. `cluster_nodes()` is the next snapshot's node list with Slurm's node
 node keeps running until a decision moves it; one on a DOWN node is re-planned from its last
 checkpoint.
 
+Names: a launch is the Slurm job `arena-TAG-NAME-gG`, NAME the job id's safe name (runners/names.py):
+an id with spaces, newlines or `#SBATCH` in it can neither break the batch script's directives nor
+look like another runner's job. Launches left running by a runner that was killed (its lock on the
+work directory is gone with it) are found when the job is added again, by their working directory
+(the job's directory), and stopped with SIGTERM, so their ranks save; the job then resumes from that
+checkpoint instead of running twice.
+
 The job directories (run, checkpoint, logs) must be on a file system all nodes share.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import time
 from pathlib import Path
@@ -31,15 +39,18 @@ from arena_opt.slurm.commands import SlurmCommandError, slurm
 from arena_opt.slurm.gres import GpuMap
 from arena_opt.slurm.snapshot import SlurmJobView, SlurmView, build_snapshot
 from arena_opt.snapshot import Node
-from runners.base import ObservedJob
+from runners.base import ObservedJob, RunnerError
 from runners.launch import NodeLaunch, free_port, node_launches
 from runners.managed import LaunchError, LaunchHandle, ManagedRunner, _Job
+from runners.names import safe_name
 from runners.progress import ProgressReader
 from runners.spec import TrainSpec
 
 TERMINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                       "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
 KILL_WAIT_GRACE_S = 60.0  # upper bound on the cluster's KillWait the runner waits out after scancel
+# no `-` in a tag: the prefix arena-TAG- of one runner must never be a prefix of another's
+TAG = re.compile(r"[A-Za-z0-9_]{1,32}")
 
 
 def progress_steps(run_dir: str) -> float | None:
@@ -58,7 +69,7 @@ def read_view(gpu_map: GpuMap, partition: str | None = None, own=None) -> SlurmV
 def sbatch_script(launches: list[NodeLaunch], gres: dict[str, str], *, name: str, logs: list[str],
                   rc_files: list[str], batch_log: str) -> str:
     """The heterogeneous batch script of one launch: component K on node K of the placement."""
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --output={batch_log}"]
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --output={shlex.quote(batch_log)}"]
     for k, nl in enumerate(launches):
         if k:
             lines.append("#SBATCH hetjob")
@@ -140,11 +151,13 @@ def _read_rc(p: Path) -> int | None:
 class SlurmRunner(ManagedRunner):
     def __init__(self, workdir: str | Path, *, gpu_map: GpuMap | None = None, partition: str | None = None,
                  tag: str | None = None, **kw) -> None:
+        # the runner's own Slurm jobs are named arena-TAG-...: neither occupants nor snapshot jobs
+        self.tag = tag or f"{os.getpid()}"
+        if not TAG.fullmatch(self.tag):
+            raise ValueError(f"runner tag {self.tag!r}: letters, digits and _ only, at most 32")
         super().__init__(workdir, **kw)
         self.gpu_map = gpu_map or GpuMap.load()
         self.partition = partition
-        # the runner's own Slurm jobs are named arena-TAG-...: neither occupants nor snapshot jobs
-        self.tag = tag or f"{os.getpid()}"
         self._view: SlurmView | None = None
         self._view_t = 0.0
 
@@ -161,6 +174,33 @@ class SlurmRunner(ManagedRunner):
 
     def cluster_nodes(self) -> list[Node]:
         return list(self.view(max_age_s=0).snapshot.nodes)
+
+    # ------------------------------------------------------------------ launches of an earlier runner
+
+    def add_job(self, job) -> None:
+        super().add_job(job)
+        self._stop_leftovers(self.jobs[job.job_id])
+
+    def _stop_leftovers(self, j: _Job) -> None:
+        """Stop (saving) what an earlier runner of this work directory left running for this job: the
+        job is not running here yet, so every live Slurm job working in its directory is such a launch."""
+        root = str(j.root.resolve())
+        left = [v for v in self.view(max_age_s=0).jobs.values()
+                if v.components[0].current_working_directory == root
+                and not {c.state for c in v.components} <= TERMINAL]
+        for v in left:
+            h = SlurmLaunch(str(v.slurm_id), [], [])
+            h.terminate(self.stop_timeout_s)
+            gone = not h.states() or h.states() <= TERMINAL
+            self._emit("exit", j, f"Slurm job {v.slurm_id} ({v.name}), a launch an earlier runner left running, "
+                       + ("stopped: its ranks saved; the job resumes from its newest checkpoint" if gone
+                          else "did not stop within the stop timeout"),
+                       leftover=True, slurm_id=v.slurm_id, stopped=gone)
+            if not gone:
+                raise RunnerError(f"job {j.spec.job_id}: Slurm job {v.slurm_id} of an earlier runner still runs "
+                                  "in its directory; cancel it (`scancel`) before starting the job again")
+        if left:
+            self._view = None
 
     # ------------------------------------------------------------------ ManagedRunner hooks
 
@@ -179,7 +219,7 @@ class SlurmRunner(ManagedRunner):
         for p in rc_files:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.unlink(missing_ok=True)
-        script = sbatch_script(launches, view.gres_type, name=f"arena-{self.tag}-{spec.job_id}-g{g}", logs=logs,
+        script = sbatch_script(launches, view.gres_type, name=f"arena-{self.tag}-{safe_name(spec.job_id)}-g{g}", logs=logs,
                                rc_files=[str(p) for p in rc_files], batch_log=str(job.root / "logs" / f"g{g}-batch.log"))
         path = job.root / "logs" / f"g{g}.sbatch"
         path.write_text(script)

@@ -161,3 +161,99 @@ def test_cli_run_backend_slurm(slurm, tmp_path):
     assert m["finished"] == 1
     batch = next((tmp_path / "w").rglob("g0.sbatch")).read_text()  # the job directory is runners.managed.job_root
     assert "--gres=gpu:" in batch and "srun" in batch
+
+
+# ids that broke the batch script when they were written into `#SBATCH --job-name=` as they are: a space
+# ends the directive ("Invalid directive"), a newline ends the directives (the GPUs asked for are lost)
+SLURM_HOSTILE = ["a b\tc\n-g0", "x\n#SBATCH --nodelist=n4", "$(touch pwned)", "../../up", "-rf"]
+
+
+def test_hostile_job_ids_run_where_decided(slurm, tmp_path):
+    r = SlurmRunner(tmp_path / "work dir", device="cpu", tag="th")
+    places = [{"n1": [0]}, {"n1": [1]}, {"n2": [0]}, {"n3": [0]}, {"n3": [1]}]
+    try:
+        for jid in SLURM_HOSTILE:
+            r.add_job(JobSpec(job_id=jid, model="gpt-350M", global_batch=4, total_steps=2, step_delay_s=0.2))
+        r.cluster_nodes()
+        d = Decision(policy="test", jobs=[
+            JobDecision(job_id=jid, action="start", gpu_type="v100-32gb" if "n3" in p else "a100-40gb",
+                        num_gpus=1, num_nodes=1, placement=p, plan=Plan(dp=1))
+            for jid, p in zip(SLURM_HOSTILE, places)])
+        r.apply(d)
+        names = slurm.run("squeue", "-h", "-o", "%j|%N").stdout.splitlines()
+        for jid, p in zip(SLURM_HOSTILE, places):
+            st = wait(r, jid, lambda s: s.state not in ("running", "pending"), what=f"{jid!r} finishes")
+            assert st.state == "finished", (jid, st.message)
+            assert st.placement == p, jid  # the directives (node, GPUs) held
+        assert len(names) == len(SLURM_HOSTILE) and all(n.split("|")[1] != "n4" for n in names), names
+        assert all(n.startswith("arena-th-") and " " not in n.split("|")[0] for n in names), names
+        assert not (tmp_path / "pwned").exists() and not any(tmp_path.rglob("pwned"))
+    finally:
+        r.shutdown()
+
+
+_KILLED_RUNNER = """
+import sys, time
+from arena_opt.decision import Decision, JobDecision
+from arena_opt.plan import Plan
+from runners.base import JobSpec
+from runners.slurm import SlurmRunner
+r = SlurmRunner(sys.argv[1], device="cpu", tag="told", ckpt_interval=2)
+r.add_job(JobSpec(job_id="k", model="gpt-350M", global_batch=4, total_steps=40, step_delay_s=0.3))
+r.cluster_nodes()
+r.apply(Decision(policy="t", jobs=[JobDecision(job_id="k", action="start", gpu_type="v100-32gb", num_gpus=1,
+                                               num_nodes=1, placement={"n3": [0]}, plan=Plan(dp=1))]))
+while True:
+    st = {o.job_id: o for o in r.status()}["k"]
+    if st.step >= 5:
+        print(r.slurm_id("k"), flush=True)
+        time.sleep(600)
+    time.sleep(0.2)
+"""
+
+
+def test_runner_killed_then_restarted_resumes_its_jobs_once(slurm, tmp_path):
+    """A runner killed with SIGKILL leaves its Slurm launch running; the next runner on the work directory
+    stops it (its ranks save) before launching the job again, which resumes from that checkpoint: the
+    job never runs twice at once and loses no step it saved."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    work = tmp_path / "work"
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_RUNNER, str(work)], stdout=subprocess.PIPE, text=True,
+                         cwd=root, env={**slurm.env, "PYTHONPATH": str(root)})
+    try:
+        old_id = p.stdout.readline().strip()
+        assert old_id, "the first runner never reported 5 steps"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert "RUNNING" in slurm.run("squeue", "-h", "-j", old_id, "-o", "%T").stdout  # outlived its runner
+
+    r = SlurmRunner(work, device="cpu", tag="tnew", ckpt_interval=2)  # the lock died with the runner
+    try:
+        r.add_job(JobSpec(job_id="k", model="gpt-350M", global_batch=4, total_steps=40, step_delay_s=0.3))
+        assert not slurm.run("squeue", "-h", "-j", old_id, "-o", "%T", check=False).stdout.strip() or \
+            set(slurm.run("squeue", "-h", "-j", old_id, "-o", "%T").stdout.split()) <= {"COMPLETING"}
+        import json
+
+        recs = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
+        left = [e["details"] for e in recs if e["kind"] == "exit" and e["details"].get("leftover")]
+        assert len(left) == 1 and left[0]["slurm_id"] == int(old_id) and left[0]["stopped"], recs
+        r.cluster_nodes()
+        r.apply(decide("k", "start", "v100-32gb", {"n4": [0]}, Plan(dp=1)))
+        st = wait(r, "k", lambda s: s.state not in ("running", "pending"), timeout=180, what="finish")
+        assert st.state == "finished", st.message
+        events = r.events("k")
+        saved = [e["step"] for e in events if e["event"] == "checkpoint"]
+        loaded = [e["step"] for e in events if e["event"] == "loaded"]
+        # the stopped launch saved at SIGTERM (>= the 5 steps seen); the new launch loaded that save
+        assert loaded and loaded[-1] >= 5 and loaded[-1] in saved
+        steps = [e["step"] for e in events if e["event"] == "step"]
+        assert max(steps) == 40 and set(range(1, 41)) <= set(steps)
+    finally:
+        r.shutdown()
+    assert not [l for l in slurm.run("squeue", "-h", "-o", "%j %T").stdout.splitlines() if "RUNNING" in l]

@@ -85,6 +85,7 @@ class SlurmJob(_Lenient):
     features: str | None = ""
     required_nodes: str | None = ""
     user_name: str | None = ""
+    current_working_directory: str | None = ""
     priority: Num = None
     exit_code: Any = None
 
