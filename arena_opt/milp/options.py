@@ -100,6 +100,12 @@ class ArenaOptions(SolverOptions):
     pyomo_max_grids: PositiveInt | None = Field(
         20_000, description="models with more grids go to HiGHS as arrays even with backend pyomo: Pyomo's "
                             "hand-off grows to seconds at 60,000 binaries and past a 10 s limit at 170,000")
+    highs_max_grids: PositiveInt | None = Field(
+        100_000, description="models with more grids are not handed to HiGHS: the greedy start and the local "
+                             "improvement (milp/local.py) decide with the whole time limit. HiGHS's MIP setup "
+                             "at 173,000 binaries ran past 90 s with no LP iteration, on the level-1 model and "
+                             "on its pure-capacity form alike, while at 58,000 it solves in about 4 s (gap 1e-2, "
+                             "shared/MEASURED.md); None = always hand the model to HiGHS")
     shards: PositiveInt = Field(1, description="split level 1 into this many independent job/node shards")
     backend: Literal["pyomo", "highspy"] = Field(
         "pyomo", description="pyomo: the model is built and solved through Pyomo; highspy: the same rows go to "

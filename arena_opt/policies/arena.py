@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid, GridCatalog
 from arena_opt.milp.greedy import greedy_start
+from arena_opt.milp.local import improve
 from arena_opt.milp.options import ArenaOptions
 from arena_opt.milp.problem import ClusterProblem, build_problem
 from arena_opt.milp.shards import merge, restrict, split
@@ -78,38 +80,51 @@ class ArenaPolicy(GridPolicy):
         sharded = o.shards > 1 and p.num_jobs >= 2 * o.shards
         # Pyomo's hand-off of 170,000 binaries alone takes longer than a 10 s limit: large models go as arrays
         backend = o.backend if o.pyomo_max_grids is None or len(p.grids) <= o.pyomo_max_grids else "highspy"
+        # past highs_max_grids HiGHS's setup alone outlasts the limit: the greedy start, improved, decides
+        heuristic = o.highs_max_grids is not None and len(p.grids) > o.highs_max_grids
         start, skipped = None, False
         if sharded:
             res = self._solve_sharded(p, backend, deadline)
         else:
-            # the greedy selection (greedy_start: the better of two orders) as HiGHS's first incumbent: the
-            # search prunes from the root, and a round whose best move gains less than the gap keeps it;
-            # it is also the decision when the deadline passes before HiGHS has anything
+            # the greedy selection (greedy_start: the best of a few orders), improved by local moves, as HiGHS's
+            # first incumbent: the search prunes from the root, and a round whose best move gains less than
+            # the gap keeps it; it is also the decision when the deadline passes before HiGHS has anything
             t_greedy, runs = time.perf_counter(), []
-            # half of what is left at most for the greedy variants, the rest for HiGHS
-            start = greedy_start(p, until=t_greedy + (deadline - t_greedy) / 2, runs_s=runs) if backend == "highspy" \
-                else None
-            if runs:
-                deadline = min(deadline, end - _AFTER_GREEDY * max(runs))
-            skipped = time.perf_counter() >= deadline
-            if skipped:
+            if backend == "highspy":
+                # half of what is left at most for the greedy variants (the first alone where HiGHS is not run:
+                # local moves gain more in that time than other orders), then up to half of the rest for the
+                # local improvement, the rest for HiGHS
+                start = greedy_start(p, until=t_greedy if heuristic else t_greedy + (deadline - t_greedy) / 2,
+                                     runs_s=runs)
+                if runs:
+                    deadline = min(deadline, end - _AFTER_GREEDY * max(runs))
+                t = time.perf_counter()
+                start = improve(p, start, until=deadline if heuristic else t + (deadline - t) / 2)
+            skipped = not heuristic and time.perf_counter() >= deadline
+            if heuristic:
+                res = SolveResult(None, "not_run", None, None, None, 0.0, 0.0)
+            elif skipped:
                 res = SolveResult(None, "time_limit", None, None, None, 0.0, 0.0)
             else:
                 res = solve_problem(p, time_limit_s=o.time_limit_s, mip_gap=o.mip_gap, threads=o.threads,
                                     backend=backend, start=start, deadline=deadline)
+                if res.selection is not None and res.status != "optimal":
+                    res = _improved(p, res, until=deadline)
         stats = SolverStats(solver=f"highs via {backend}", status=res.status, objective=res.objective, bound=res.bound,
                             gap=res.gap, build_s=t_grids + res.build_s, solve_s=res.solve_s,
                             shards=o.shards if sharded else 1,
                             num_grids=len(p.grids), note=note)
         sel = res.selection
         if sel is None:
-            sel = start if start is not None else greedy_start(p)
+            sel = start if start is not None else improve(p, greedy_start(p), until=deadline)
             stats.fallback = True
             stats.objective = p.objective(sel)
-            why = (" (HiGHS was still in its run at the deadline: left behind)" if res.abandoned else
+            why = (f" (HiGHS not run: {len(p.grids)} grids, more than highs_max_grids {o.highs_max_grids})"
+                   if heuristic else
+                   " (HiGHS was still in its run at the deadline: left behind)" if res.abandoned else
                    " (the deadline passed before HiGHS started)" if skipped else "")
             stats.note = "; ".join(filter(None, [note, f"solver returned no solution ({res.status}){why}; greedy "
-                                                       f"feasible decision used"]))
+                                                       f"feasible decision used (improved by local moves)"]))
         chosen: dict[str, Grid] = {p.job_ids[j]: p.grids[k] for j, k in sel.items()}
         reasons = dict(full.waiting_reason)
         if jobs is not None:
@@ -132,7 +147,15 @@ class ArenaPolicy(GridPolicy):
             solve += r.solve_s
             statuses.append(r.status)
             parts.append((r.selection if r.selection is not None else greedy_start(sub), jobs, sub))
-        sel = merge(p, parts)
+        sel = improve(p, merge(p, parts), until=deadline)
         status = statuses[0] if len(set(statuses)) == 1 else "mixed:" + ",".join(sorted(set(statuses)))
         # shard bounds do not bound the whole problem: no bound or gap is claimed for a merged result
         return SolveResult(sel, status, p.objective(sel), None, None, build, solve)
+
+
+def _improved(p: ClusterProblem, res: SolveResult, until: float) -> SolveResult:
+    """HiGHS's incumbent at its limit, improved by local moves until `until` (objective and gap updated)."""
+    sel = improve(p, res.selection, until=until)
+    obj = p.objective(sel)
+    gap = None if res.bound is None else abs(res.bound - obj) / max(abs(obj), 1e-9)
+    return replace(res, selection=sel, objective=obj, gap=gap)
