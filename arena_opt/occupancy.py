@@ -24,13 +24,14 @@ import heapq
 from collections import defaultdict
 from functools import lru_cache
 from itertools import count
-from typing import Callable, Iterable
-
-import networkx as nx
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from arena_opt.contention import Contention
 from arena_opt.grids import Grid
 from arena_opt.snapshot import ClusterSnapshot
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 Placement = dict[str, list[int]]
 
@@ -56,19 +57,26 @@ def _node_key(snapshot: ClusterSnapshot) -> tuple[tuple[str, str | None, str, in
     return _last_key[1]
 
 
+def _rack_of(rack: str | None) -> str:
+    return f"rack:{rack or 'default'}"
+
+
 @lru_cache(maxsize=8)
 def _rack_map(nodes: tuple) -> dict[str, str]:
-    topo = _topology(nodes)
-    return {n[0]: next(iter(topo.neighbors(n[0]))) for n in nodes}
+    # each node's one neighbour in `topology`, without building it: networkx costs every CLI call 0.3 s
+    # to import
+    return {n[0]: _rack_of(n[1]) for n in nodes}
 
 
 @lru_cache(maxsize=8)
 def _topology(nodes: tuple) -> nx.Graph:
+    import networkx as nx
+
     g = nx.Graph()
     g.add_node("cluster", kind="cluster")
-    racks = {f"rack:{n[1] or 'default'}" for n in nodes}
+    racks = {_rack_of(n[1]) for n in nodes}
     g.add_edges_from(("cluster", r) for r in racks)
-    g.add_edges_from((f"rack:{n[1] or 'default'}", n[0]) for n in nodes)
+    g.add_edges_from((_rack_of(n[1]), n[0]) for n in nodes)
     for nid, _, gpu_type, num_gpus, _ in nodes:
         g.nodes[nid].update(kind="node", gpu_type=gpu_type, num_gpus=num_gpus)
     nx.freeze(g)

@@ -68,6 +68,17 @@ def test_band_widens_outside_the_calibrated_region():
     assert sum(math.exp(r.log_ratio) > tighter.hi_s for r in model.rows if r.kind == "planner") > 2
 
 
+def test_bands_of_one_configuration_scale_with_the_estimate():
+    """A band is kept as factors of its configuration: any estimate's band equals a fresh model's, bit for
+    bit, and a copy with another widening does not reuse the original's factors."""
+    model = BandModel.build(_rows())
+    for nominal in (1.0, 2.5, 0.37, 1234.5):
+        for args in (("bert", 4, 64, 0.9), ("bert", 4, 16, None), ("moe", 16, 1, 0.2), ("gpt", 2, 8, 0.5)):
+            assert model.band(nominal, *args) == BandModel.build(_rows()).band(nominal, *args)
+    wider = model.model_copy(update={"widen_hi": 2 * model.widen_hi})
+    assert wider.band(1.0, "bert", 4, 64).hi_s > model.band(1.0, "bert", 4, 64).hi_s
+
+
 def test_small_group_falls_back_to_family_then_all():
     rows = [r for r in _rows() if not (r.family == "moe" and r.num_gpus == 1)]
     model = BandModel.build(rows, min_group=20)

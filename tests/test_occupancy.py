@@ -46,3 +46,15 @@ def test_solve_colocation_flags_reach_the_baselines(tmp_path, name):
     runs_on = [j for j in d_on.jobs if j.runs]
     assert runs_on and all(j.est_slowdown is not None and j.est_slowdown >= 1 for j in runs_on)
     assert all(j.est_slowdown is None for j in d_off.jobs)
+
+
+def test_rack_map_is_each_nodes_rack_in_the_topology():
+    from arena_opt.occupancy import rack_map, topology
+
+    snap = ClusterSnapshot(nodes=[Node(id="a", gpu_type="a100", num_gpus=4, rack="r1"),
+                                  Node(id="b", gpu_type="a100", num_gpus=4, rack="r2"),
+                                  Node(id="c", gpu_type="a40", num_gpus=2)], jobs=[])
+    topo, racks = topology(snap), rack_map(snap)
+    assert racks == {"a": "rack:r1", "b": "rack:r2", "c": "rack:default"}
+    for nid, rack in racks.items():
+        assert list(topo.neighbors(nid)) == [rack] and set(topo.neighbors(rack)) >= {nid, "cluster"}

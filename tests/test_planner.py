@@ -372,3 +372,29 @@ def test_plan_many_equals_one_grid_at_a_time():
             assert Plan.model_validate(r.plan.model_dump()) == r.plan
         planned += bool(got.pareto)
     assert 20 < planned < len(grids)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_split_many_memory_bound_only_drops_candidates_without_a_split(seed, monkeypatch):
+    """split_many leaves out of its DP the candidates whose memory bound (1/pp of the model, or one layer,
+    over the cap) no split can meet: the same result as the DP over all of them, and brute force agrees
+    that those have no split."""
+    import arena_opt.perf.compose as compose
+
+    rng = np.random.default_rng(500 + seed)
+    c, n = 8, int(rng.integers(3, 9))
+    pp = int(rng.integers(3, min(n, 5) + 1))
+    m = rng.choice([pp, 2 * pp], c)
+    lc = random_stack(rng, c, n, integers=bool(seed % 2))
+    caps = rng.uniform(2, 25, c)  # tight: many candidates fit nowhere
+    s = compose._Segments(lc, pp, m)
+    fit = compose._fits(s, caps)
+    for i in np.flatnonzero(~fit):
+        assert brute_force(row(lc, i), pp, int(m[i]), float(caps[i])) is None
+    got = split_many(lc, pp, m, caps)
+    monkeypatch.setattr(compose, "_fits", lambda s, caps: np.ones(len(caps), dtype=bool))
+    ref = split_many(lc, pp, m, caps)
+    assert np.array_equal(got.feasible, ref.feasible)
+    f = ref.feasible
+    for field in ("bounds", "iter_time_s", "stage_time_s", "mem_bytes"):
+        assert np.array_equal(getattr(got, field)[f], getattr(ref, field)[f])

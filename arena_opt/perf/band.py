@@ -190,20 +190,33 @@ class BandModel(BaseModel):
              caution: float | None = None) -> Band:
         """The band of an estimate of `nominal_s` seconds; `caution` (a quantile, e.g. 0.9) sets
         `decided_s`, None decides on the nominal estimate."""
+        # every edge is nominal_s times a factor of the configuration: the factors are kept (a cold plan
+        # prices thousands of plans of a few configurations)
+        key = (family, num_gpus, microbatches, caution, self.level, self.widen_lo, self.widen_hi)
+        memo = self._cache.setdefault("factors", {})
+        f = memo.get(key)
+        if f is None:
+            f = memo[key] = self._factors(family, num_gpus, microbatches, caution)
+        name, n, d, outside, lo, hi, dec = f
+        return Band(nominal_s=nominal_s, lo_s=nominal_s * lo, hi_s=nominal_s * hi,
+                    decided_s=nominal_s if dec is None else nominal_s * dec, level=self.level, caution=caution,
+                    group=name, n=n, octaves=d, outside=outside)
+
+    def _factors(self, family: str, num_gpus: int, microbatches: int, caution: float | None) -> tuple:
+        """(group, residuals in it, octaves, outside, lower edge, upper edge, decided time) of a band, the
+        three times per second of nominal estimate (decided None: the nominal estimate itself)."""
         name, v, q_lo, q_hi = self._group(family, num_gpus)
         d, outside = self.octaves(num_gpus, microbatches)
         if family not in self._cache["region"][3]:
             outside = (*outside, f"family {family}")
-        decided = nominal_s
+        decided = None
         if caution is not None:
             # inside the band the residuals' own quantile; the widening grows linearly to the band's edge
             side = self.widen_hi if caution >= 0.5 else self.widen_lo
-            decided = nominal_s * math.exp(self._quantile(name, v, caution)
-                                           + math.copysign(side * d * abs(2 * caution - 1) / self.level,
-                                                           caution - 0.5))
-        return Band(nominal_s=nominal_s, lo_s=nominal_s * math.exp(q_lo - self.widen_lo * d),
-                    hi_s=nominal_s * math.exp(q_hi + self.widen_hi * d), decided_s=decided, level=self.level,
-                    caution=caution, group=name, n=len(v), octaves=d, outside=outside)
+            decided = math.exp(self._quantile(name, v, caution)
+                               + math.copysign(side * d * abs(2 * caution - 1) / self.level, caution - 0.5))
+        return (name, len(v), d, outside, math.exp(q_lo - self.widen_lo * d), math.exp(q_hi + self.widen_hi * d),
+                decided)
 
     # ---- files ------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:

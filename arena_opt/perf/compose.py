@@ -236,6 +236,17 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
         return Splits(*(np.concatenate([getattr(p, f) for p in parts]) for f in Splits.__dataclass_fields__))
     cap = caps.reshape(c, 1)
     s = _Segments(lc, pp, m)
+    if pp > 2:
+        fit = _fits(s, caps)
+        if not fit.all():  # the DP only for candidates that some split fits in memory
+            keep = np.flatnonzero(fit)
+            out = Splits(np.zeros(c, dtype=bool), bounds, np.full(c, np.inf), np.full((c, pp), np.inf),
+                         np.full((c, pp), np.inf))
+            if len(keep):
+                got = split_many(take(lc, keep), pp, m[keep], caps[keep])
+                for f in Splits.__dataclass_fields__:
+                    getattr(out, f)[keep] = getattr(got, f)
+            return out
     if pp == 1:
         t, cost, mem = (x[:, n] for x in s.row(0))
         return Splits(mem <= caps, bounds, np.where(mem <= caps, cost, np.inf), t[:, None], mem[:, None])
@@ -273,6 +284,19 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
     feasible = np.isfinite(best)
     times, mems = _stage_measures(s, bounds)
     return Splits(feasible, bounds, best, times, mems)
+
+
+def _fits(s: _Segments, caps: np.ndarray) -> np.ndarray:
+    """False where no split of the candidate can fit in memory (True: it may): every stage holds its layers'
+    static and activation bytes at least once, so the largest stage holds at least 1/pp of the model's,
+    and every layer lies in some stage. With no negative bytes this bounds the DP's memory test from
+    below (its sums differ from these by rounding only, far inside the 1e-9 margin)."""
+    n, pp = s.n, s.pp
+    if np.any(np.diff(s.ST, axis=1) < 0) or np.any(np.diff(s.ACT, axis=1) < 0):
+        return np.ones(len(caps), dtype=bool)
+    layer = np.diff(s.ST, axis=1) + np.diff(s.ACT, axis=1) + np.maximum(s.peak, 0.0)
+    need = np.maximum((s.ST[:, n] + s.ACT[:, n]) / pp, layer.max(axis=1))
+    return need <= caps * (1 + 1e-9)
 
 
 def _stage_measures(s: _Segments, bounds: np.ndarray):

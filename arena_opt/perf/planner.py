@@ -122,7 +122,7 @@ class Planner:
         # it returns None where it has no profile and the analytical model is used
         self.layer_source = layer_source
         self._cache: dict[tuple, GridPlans] = {}
-        self._disk: dict[str, list] = {}
+        self._disk: dict[str, list | GridPlans] = {}  # stored lists, or plans of this run (serialised on save)
         self._disk_dirty = False
 
     # --- on-disk cache: plans are deterministic in (code, params, model, batch, GPU, shape) --------------------
@@ -147,7 +147,7 @@ class Planner:
             return
 
         atomic_write(path, json.dumps({"version": _code_version(), "params": self._params_key(),
-                                       "plans": self._disk}))
+                                       "plans": {k: _stored(v) for k, v in self._disk.items()}}))
         self._disk_dirty = False
 
     def _params_key(self) -> str:
@@ -172,7 +172,9 @@ class Planner:
             hit = self._cache.get(key)
             if hit is None:
                 stored = self._disk.get(self._disk_key(key))
-                if stored is not None:
+                if isinstance(stored, GridPlans):  # planned in this run under another key object
+                    hit = self._cache[key] = stored
+                elif stored is not None:
                     batch = key[1]
                     pareto = [PlanResult(Plan.model_validate(p), t, mem, batch) for p, t, mem in stored]
                     hit = self._cache[key] = GridPlans(pareto[0] if pareto else None, pareto)
@@ -182,7 +184,7 @@ class Planner:
         if todo:
             for key, hit in zip(todo, self._plan_all(list(todo))):
                 self._cache[key] = hit
-                self._disk[self._disk_key(key)] = [(r.plan.model_dump(), r.iter_time_s, r.mem_gib) for r in hit.pareto]
+                self._disk[self._disk_key(key)] = hit
                 self._disk_dirty = True
                 for i in todo[key]:
                     out[i] = hit
@@ -307,6 +309,13 @@ class Planner:
             cs = np.concatenate([c for _, c in parts])
             out.append((split_many(stack([lc for lc, _ in parts]), p, m[cs], caps[g[cs]]), cs))
         return out
+
+
+def _stored(plans: list | GridPlans) -> list:
+    """A disk-cache entry: [(plan, time, memory)] of the Pareto set."""
+    if isinstance(plans, GridPlans):
+        return [(r.plan.model_dump(), r.iter_time_s, r.mem_gib) for r in plans.pareto]
+    return plans
 
 
 _JSON: dict = {}
