@@ -273,7 +273,8 @@ def one_at_a_time(planner, arch, batch, gpu_name, gpu, nodes, gpn, pp):
 
 @pytest.mark.parametrize("model,batch,gpu,nodes,gpn,pp", [
     ("bert-2.6B", 256, "a40", 2, 2, 2), ("moe-10B", 256, "a100-40gb", 2, 4, 4), ("wide_resnet-2B", 512, "a10", 4, 2, 1),
-    ("bert-6.7B", 128, "v100-32gb", 1, 8, 8), ("gpt-760M", 128, "a10", 3, 2, 3), ("moe-2.4B", 512, "a10", 4, 2, 2)])
+    ("bert-6.7B", 128, "v100-32gb", 1, 8, 8), ("gpt-760M", 128, "a10", 3, 2, 3), ("moe-2.4B", 512, "a10", 4, 2, 2),
+    ("bert-6.7B", 512, "v100-32gb", 1, 4, 4)])
 def test_planner_equals_one_candidate_at_a_time(model, batch, gpu, nodes, gpn, pp):
     planner = Planner()
     arch, spec = get_arch(model), BUILTIN_GPUS[gpu]
@@ -386,13 +387,14 @@ def test_split_many_memory_bound_only_drops_candidates_without_a_split(seed, mon
     pp = int(rng.integers(3, min(n, 5) + 1))
     m = rng.choice([pp, 2 * pp], c)
     lc = random_stack(rng, c, n, integers=bool(seed % 2))
+    if seed % 3 == 0:  # transient memory that dominates: it counts once per stage, not per layer
+        lc = LayerCosts(*(getattr(lc, f) for f in FIELDS[:6]), peak_bytes=8 * lc.peak_bytes + 6, stage_s=lc.stage_s)
     caps = rng.uniform(2, 25, c)  # tight: many candidates fit nowhere
-    s = compose._Segments(lc, pp, m)
-    fit = compose._fits(s, caps)
+    fit = compose._fits(lc, pp, caps)
     for i in np.flatnonzero(~fit):
         assert brute_force(row(lc, i), pp, int(m[i]), float(caps[i])) is None
     got = split_many(lc, pp, m, caps)
-    monkeypatch.setattr(compose, "_fits", lambda s, caps: np.ones(len(caps), dtype=bool))
+    monkeypatch.setattr(compose, "_fits", lambda lc, pp, caps: np.ones(len(caps), dtype=bool))
     ref = split_many(lc, pp, m, caps)
     assert np.array_equal(got.feasible, ref.feasible)
     f = ref.feasible

@@ -237,7 +237,7 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
     cap = caps.reshape(c, 1)
     s = _Segments(lc, pp, m)
     if pp > 2:
-        fit = _fits(s, caps)
+        fit = _fits(lc, pp, caps)
         if not fit.all():  # the DP only for candidates that some split fits in memory
             keep = np.flatnonzero(fit)
             out = Splits(np.zeros(c, dtype=bool), bounds, np.full(c, np.inf), np.full((c, pp), np.inf),
@@ -286,17 +286,23 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
     return Splits(feasible, bounds, best, times, mems)
 
 
-def _fits(s: _Segments, caps: np.ndarray) -> np.ndarray:
-    """False where no split of the candidate can fit in memory (True: it may): every stage holds its layers'
-    static and activation bytes at least once, so the largest stage holds at least 1/pp of the model's,
-    and every layer lies in some stage. With no negative bytes this bounds the DP's memory test from
-    below (its sums differ from these by rounding only, far inside the 1e-9 margin)."""
-    n, pp = s.n, s.pp
-    if np.any(np.diff(s.ST, axis=1) < 0) or np.any(np.diff(s.ACT, axis=1) < 0):
+def may_fit(summed: np.ndarray, alone: np.ndarray, pp, caps) -> np.ndarray:
+    """False where no split into pp stages can fit in memory (True: one may), for a stack whose stages hold
+    at least the sum of `summed[c, l]` over their layers (non-negative bytes), and at least `alone[c, l]`
+    for each of their layers: the largest stage holds 1/pp of the whole sum or more, and every layer lies
+    in some stage. The DP's sums differ from these by rounding only, far inside the 1e-9 margin. `pp` and
+    `caps`: one for all or one per candidate."""
+    need = np.maximum(summed.sum(axis=1) / pp, alone.max(axis=1))
+    return need <= np.asarray(caps) * (1 + 1e-9)
+
+
+def _fits(lc: LayerCosts, pp: int, caps: np.ndarray) -> np.ndarray:
+    """`may_fit` of a stack: every stage holds its layers' static and activation bytes at least once, and
+    a layer's transient memory while it runs."""
+    if np.any(lc.static_bytes < 0) or np.any(lc.act_bytes < 0):
         return np.ones(len(caps), dtype=bool)
-    layer = np.diff(s.ST, axis=1) + np.diff(s.ACT, axis=1) + np.maximum(s.peak, 0.0)
-    need = np.maximum((s.ST[:, n] + s.ACT[:, n]) / pp, layer.max(axis=1))
-    return need <= caps * (1 + 1e-9)
+    held = lc.static_bytes + lc.act_bytes
+    return may_fit(held, held + np.maximum(lc.peak_bytes, 0.0), pp, caps)
 
 
 def _stage_measures(s: _Segments, bounds: np.ndarray):

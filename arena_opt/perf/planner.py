@@ -21,7 +21,7 @@ import numpy as np
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf import stage_shapes
 from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, links_for
-from arena_opt.perf.compose import LayerCosts, Splits, split_many, stack, take
+from arena_opt.perf.compose import LayerCosts, Splits, may_fit, split_many, stack, take
 from arena_opt.plan import Plan
 from models.catalog import Arch
 
@@ -216,13 +216,18 @@ class Planner:
         caps = np.array([self.mem_cap_bytes(x[3]) for x in grids])
         plain = self._split_rows(list(groups), group_of, shape, caps, (g, tp, dp, m), np.arange(len(cand)), False)
         ok = np.zeros(len(cand), dtype=bool)
-        for sp, rows in plain:
+        hopeless = np.zeros(len(cand), dtype=bool)
+        for sp, rows, lc in plain:
             ok[rows] = sp.feasible
-        found = [(sp, rows, False) for sp, rows in plain]
-        redo = np.flatnonzero(~ok)
+            # recomputation changes activations only: where the weights, gradients and optimizer state
+            # alone fit in no split it cannot help (measured layers may differ in static bytes: tried)
+            if self.layer_source is None and np.all(lc.static_bytes >= 0):
+                hopeless[rows] = ~may_fit(lc.static_bytes, lc.static_bytes, shape["pp"][g[rows]], caps[g[rows]])
+        found = [(sp, rows, False) for sp, rows, _ in plain]
+        redo = np.flatnonzero(~ok & ~hopeless)
         if len(redo):
-            found += [(sp, rows, True) for sp, rows in self._split_rows(list(groups), group_of, shape, caps,
-                                                                        (g, tp, dp, m), redo, True)]
+            found += [(sp, rows, True) for sp, rows, _ in self._split_rows(list(groups), group_of, shape, caps,
+                                                                           (g, tp, dp, m), redo, True)]
         # per candidate: (time, memory, recompute, stages) of its best split, None where none fits
         best: list[tuple | None] = [None] * len(cand)
         reserve = self.params.mem_reserve_gib
@@ -282,7 +287,7 @@ class Planner:
         recomputation. Analytical costs of a cost group's (model, GPU, link) candidates in one pass (the
         grids' nodes, GPUs per node and batch as arrays: `layer_terms` is elementwise in them), measured
         layers (`layer_source`) where a profile has them, then one DP per (model, pp). Returns
-        (splits, the candidates they are of) pairs."""
+        (splits, the candidates they are of, their costs) triples."""
         g, tp, dp, m = cols
         grp = group_of[g[rows]]
         by_split: dict[tuple, list[tuple[LayerCosts, np.ndarray]]] = {}
@@ -307,7 +312,8 @@ class Planner:
         out = []
         for (_, p), parts in by_split.items():
             cs = np.concatenate([c for _, c in parts])
-            out.append((split_many(stack([lc for lc, _ in parts]), p, m[cs], caps[g[cs]]), cs))
+            lc = stack([lc for lc, _ in parts])
+            out.append((split_many(lc, p, m[cs], caps[g[cs]]), cs, lc))
         return out
 
 
