@@ -23,6 +23,10 @@ work directory is gone with it) are found when the job is added again, by their 
 (the job's directory), and stopped with SIGTERM, so their ranks save; the job then resumes from that
 checkpoint instead of running twice.
 
+A controller outage (slurmctld restarted or unreachable; the nodes' slurmd keep running the launches) is
+ridden out: the runner keeps the last nodes, jobs and states it read, the exit codes still arrive as
+files, launches wait (sbatch fails and is retried), and the outage and its end are two events.
+
 The job directories (run, checkpoint, logs) must be on a file system all nodes share.
 """
 
@@ -35,7 +39,8 @@ import time
 from pathlib import Path
 
 from arena_opt.decision import Decision
-from arena_opt.slurm.commands import SlurmCommandError, slurm
+from arena_opt.errors import InputError
+from arena_opt.slurm.commands import SlurmCommandError, controller_up, slurm
 from arena_opt.slurm.gres import GpuMap
 from arena_opt.slurm.snapshot import SlurmJobView, SlurmView, build_snapshot
 from arena_opt.snapshot import Node
@@ -86,24 +91,67 @@ def sbatch_script(launches: list[NodeLaunch], gres: dict[str, str], *, name: str
     return "\n".join(lines) + "\n"
 
 
+class Controller:
+    """Whether slurmctld answers, as the runner last found out (checked at most every CHECK_S seconds:
+    each query to a controller that is down waits out Slurm's MessageTimeout first)."""
+
+    CHECK_S = 2.0
+
+    def __init__(self, emit) -> None:
+        self._emit = emit  # (kind, message, **details)
+        self.down_since: float | None = None
+        self._checked = 0.0
+        self._up = True
+
+    def up(self, fresh: bool = False) -> bool:
+        now = time.time()
+        if fresh or now - self._checked >= self.CHECK_S:
+            self._checked = now
+            up = controller_up()
+            if not up and self.down_since is None:
+                self.down_since = now
+                self._emit("controller_lost", "slurmctld does not answer: launches keep running on their nodes; "
+                           "the runner keeps what Slurm said last and waits")
+            elif up and self.down_since is not None:
+                self._emit("controller_back", f"slurmctld answers again after {now - self.down_since:.0f} s",
+                           outage_s=now - self.down_since)
+                self.down_since = None
+            self._up = up
+        return self._up
+
+    def explains(self) -> bool:
+        """After a failed query: whether the controller being down explains it."""
+        self._checked = 0.0
+        return not self.up()
+
+
 class SlurmLaunch(LaunchHandle):
     """One Slurm job (all components of the heterogeneous job) running one launch of a job."""
 
-    def __init__(self, slurm_id: str, rc_files: list[Path], log_paths: list[str]) -> None:
+    def __init__(self, slurm_id: str, rc_files: list[Path], log_paths: list[str],
+                 controller: Controller | None = None) -> None:
         self.slurm_id = slurm_id
         self.rc_files = rc_files
         self.log_paths = log_paths
         self.devices: dict[str, list[int]] = {}
+        self.controller = controller
+        self._last: set[str] | None = None  # what Slurm said last: the answer while the controller is down
 
     def states(self) -> set[str]:
         """Slurm states of the components; empty once Slurm forgot the job."""
+        c = self.controller
+        if c is not None and self._last is not None and not c.up(fresh=True):  # a ping: ~20 ms
+            return self._last
         try:
             out = slurm("squeue", "-h", "-j", self.slurm_id, "-o", "%T")
         except SlurmCommandError as e:
             if "Invalid job id" in e.slurm_message:
                 return set()
+            if c is not None and self._last is not None and c.explains():
+                return self._last
             raise
-        return set(out.split())
+        self._last = set(out.split())
+        return self._last
 
     def pending(self) -> bool:
         return self.states() == {"PENDING"}
@@ -160,6 +208,7 @@ class SlurmRunner(ManagedRunner):
         self.partition = partition
         self._view: SlurmView | None = None
         self._view_t = 0.0
+        self.controller = Controller(lambda kind, msg, **kw: self._emit(kind, None, msg, **kw))
 
     # ------------------------------------------------------------------ what Slurm shows
 
@@ -168,7 +217,14 @@ class SlurmRunner(ManagedRunner):
 
     def view(self, max_age_s: float = 0.5) -> SlurmView:
         if self._view is None or time.time() - self._view_t > max_age_s:
-            self._view = read_view(self.gpu_map, self.partition, own=self._own)
+            if self._view is not None and not self.controller.up(fresh=True):  # a ping: ~20 ms
+                return self._view  # what Slurm said last, until it answers again
+            try:
+                self._view = read_view(self.gpu_map, self.partition, own=self._own)
+            except InputError:  # a failed command, or squeue's JSON error list when slurmctld is gone
+                if self._view is not None and self.controller.explains():
+                    return self._view
+                raise
             self._view_t = time.time()
         return self._view
 
@@ -227,7 +283,7 @@ class SlurmRunner(ManagedRunner):
             out = slurm("sbatch", "--parsable", f"--chdir={job.root}", str(path))
         except SlurmCommandError as e:
             raise LaunchError(f"sbatch refused the launch: {e.slurm_message}") from None
-        return SlurmLaunch(out.strip().split(";")[0], rc_files, logs)
+        return SlurmLaunch(out.strip().split(";")[0], rc_files, logs, self.controller)
 
     # ------------------------------------------------------------------ pending generations, real GPUs
 

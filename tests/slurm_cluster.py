@@ -144,10 +144,20 @@ class SlurmCluster:
                                f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}",
                                f"--seed-file={m / 'munged.seed'}"], user="munge")
         _wait(lambda: (m / "munge.socket").exists(), 10, "munged socket", self)
-        self._spawn("slurmctld", [_exe("slurmctld"), "-D", "-i", "-f", str(self.conf)])
-        _wait(lambda: self.run("scontrol", "ping", check=False).returncode == 0, 20, "slurmctld", self)
+        self.start_controller()
         for name in self.nodes:
             self._spawn(f"slurmd-{name}", [_exe("slurmd"), "-D", "-N", name, "-f", str(self.conf)])
+
+    def start_controller(self) -> None:
+        # no -c: the controller recovers its jobs from StateSaveLocation, as after a real restart
+        self._spawn("slurmctld", [_exe("slurmctld"), "-D", "-i", "-f", str(self.conf)])
+        _wait(lambda: self.run("scontrol", "ping", check=False).returncode == 0, 20, "slurmctld", self)
+
+    def stop_controller(self) -> None:
+        """slurmctld ends (as for an upgrade or a crash); the slurmd keep running their job steps."""
+        p = self.procs["slurmctld"]
+        p.send_signal(signal.SIGTERM)
+        p.wait(20)
 
     def run(self, *argv: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         # cwd: a job's default output file (slurm-ID.out) goes to the directory it was submitted from

@@ -257,3 +257,47 @@ def test_runner_killed_then_restarted_resumes_its_jobs_once(slurm, tmp_path):
     finally:
         r.shutdown()
     assert not [l for l in slurm.run("squeue", "-h", "-o", "%j %T").stdout.splitlines() if "RUNNING" in l]
+
+
+def test_live_loop_rides_out_a_controller_restart(slurm, tmp_path):
+    """slurmctld goes away for longer than several rounds and comes back: the job keeps running on its
+    node the whole time (one launch, every step once), and the outage is two events in the record."""
+    import json
+    import threading
+
+    from arena_opt.policies import make_policy
+    from arena_opt.snapshot import ClusterSnapshot
+    from arena_opt.trace import TraceJob
+    from runners.live import LiveLoop, LiveOptions
+
+    r = SlurmRunner(tmp_path / "work", device="cpu", tag="tctl", ckpt_interval=5)
+    cluster = ClusterSnapshot(nodes=r.cluster_nodes())
+    trace = [TraceJob(id="c", submit_time=0, model="gpt-350M", batch_size=4, iterations=60, num_gpus=1)]
+    opts = LiveOptions(interval_s=2, time_scale=1, iter_scale=1, batch_divisor=1, step_delay_s=0.3, duration_s=200)
+    loop = LiveLoop(cluster, trace, r, make_policy("fcfs"), opts, tmp_path / "out", log=lambda s: None)
+    done: list[int] = []
+
+    def outage():
+        while not done:
+            o = loop.jobs["c"].last_obs
+            if o is not None and o.state == "running" and o.step >= 3:
+                slurm.stop_controller()
+                time.sleep(15)  # several rounds of the loop
+                done.append(o.step)
+                slurm.start_controller()
+                return
+            time.sleep(0.2)
+
+    th = threading.Thread(target=outage, daemon=True)
+    th.start()
+    res = loop.run()
+    th.join(60)
+    assert done, "the controller was never stopped"
+    rec = {j["id"]: j for j in res.jobs}["c"]
+    assert rec["status"] == "done", rec
+    events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("controller_lost") == 1 and kinds.count("controller_back") == 1, kinds
+    assert [e for e in events if e["kind"] == "launch" and e["job"] == "c"].__len__() == 1, kinds
+    steps = [e["step"] for e in r.events("c") if e["event"] == "step"]
+    assert steps == list(range(1, 61))  # never restarted: no step run twice, none lost

@@ -38,6 +38,16 @@ def slurm(*argv: str, input: str | None = None, timeout: float = TIMEOUT_S) -> s
     return p.stdout
 
 
+def controller_up() -> bool:
+    """Whether slurmctld answers (`scontrol ping`, which answers at once either way; a query such as
+    squeue waits out MessageTimeout first and, with `--json`, exits 0 with an unspecific error)."""
+    try:
+        p = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return p.returncode == 0
+
+
 def read_nodes() -> list[SlurmNode]:
     try:
         out = slurm("scontrol", "show", "nodes", "--json")
