@@ -9,6 +9,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+import numpy as np
+
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf.band import BandModel
 from arena_opt.perf.estimator import GridShape, PerfEstimator
@@ -37,6 +39,8 @@ class Pool:
 
 @dataclass(frozen=True)
 class Grid:
+    # the job it was made for; "" on the grids one workload's waiting jobs share (GridCatalog.grids):
+    # whose a grid is in a round is the problem's job_of, not this
     job_id: str
     pool: tuple[str, int, str | None]
     shape: GridShape
@@ -113,7 +117,7 @@ class GridCatalog:
         self.caution = caution
         self._version = estimator.version
         self._plans: dict[tuple, GridPlans] = {}
-        self._workloads: dict[tuple, _JobOptions] = {}
+        self._workloads: dict[tuple, WorkloadOptions] = {}
         self._by_job: dict[str, tuple] = {}  # job id -> (its workload entry, options by (type, count))
         self._current: dict[str, tuple] = {}  # job id -> (entry, placement, plan, running grid)
         self._derived: dict[tuple, tuple] = {}  # (job id, what) -> (its options, value)
@@ -163,18 +167,21 @@ class GridCatalog:
         kept, as the `current` grid."""
         cl = self.cluster(snapshot)
         entry = self._entry(job, cl, max_gpus_default)
-        # a job's grids change only with its workload entry or its running allocation: a simulator or
-        # scheduler asks again every round for the same jobs (the running state is the same object while
+        cur_key = _current_shape(job, cl.node_map)
+        if cur_key is None:
+            # a job that does not run has its workload's grids: one list shared by all such jobs (150,000
+            # waiting jobs of a few dozen workloads would otherwise stamp 2.6 million copies each round)
+            return list(entry.shared(prune))
+        # a running job's grids change only with its workload entry or its running allocation: a simulator
+        # or scheduler asks again every round for the same jobs (the running state is the same object while
         # the allocation stands, so most rounds skip even the shape comparison)
         hit = self._grids.get((job.id, prune))
-        if hit is not None and hit[0] is entry and (hit[1] is job.running or
-                                                    hit[2] == _current_shape(job, cl.node_map)):
+        if hit is not None and hit[0] is entry and (hit[1] is job.running or hit[2] == cur_key):
             return list(hit[3])
-        cur_key = _current_shape(job, cl.node_map)
         cands = entry.pruned() if prune else entry.best()
         out = [Grid(job.id, pk, shape, proxy, pareto, cur_key == (pk, shape.nodes, shape.gpus_per_node, shape.pp))
                for pk, (shape, proxy, pareto) in cands]
-        if cur_key is not None and not any(g.current for g in out):
+        if not any(g.current for g in out):
             g = self._running_grid(job, cl, entry, cur_key)
             if g is not None:
                 out.append(g)
@@ -204,6 +211,19 @@ class GridCatalog:
                 out[key] = Grid(job.id, pk, shape, proxy, pareto)
         self._by_job[job.id] = (entry, out)
         return out
+
+    def workloads(self, jobs: list[Job], snapshot: ClusterSnapshot, *, max_gpus_default: int = 16
+                  ) -> list["WorkloadOptions"]:
+        """Each job's workload entry: the grids every job of its model, batch and limits shares on this
+        cluster (`shared`: those of a job that does not run) and their arrays (`summary`), without
+        stamping any grid for the job."""
+        cl = self.cluster(snapshot)
+        self._fresh()
+        keys = [_workload(j, cl, max_gpus_default) for j in jobs]
+        new = {k: j for k, j in zip(keys, jobs) if k not in self._workloads and k not in self._ahead}
+        if new:
+            self._plan_ahead(list(new.values()), cl, max_gpus_default)
+        return [self._entry(j, cl, max_gpus_default, fresh=True, key=k) for j, k in zip(jobs, keys)]
 
     def current(self, job: Job, snapshot: ClusterSnapshot, *, max_gpus_default: int = 16) -> Grid | None:
         """The grid of the job's running allocation, flagged `current` (choosing it keeps the job); None
@@ -248,14 +268,16 @@ class GridCatalog:
                                           {n.id: n for n in snapshot.nodes}, snapshot.catalog, context)
         return cl
 
-    def _entry(self, job: Job, cl: "_Cluster", max_gpus_default: int) -> "_JobOptions":
-        self._fresh()
-        key = _workload(job, cl, max_gpus_default)
+    def _entry(self, job: Job, cl: "_Cluster", max_gpus_default: int, fresh: bool = False,
+               key: tuple | None = None) -> "WorkloadOptions":
+        if not fresh:
+            self._fresh()
+        key = _workload(job, cl, max_gpus_default) if key is None else key
         entry = self._workloads.get(key)
         if entry is None:
             if key not in self._ahead:
                 self._plan_ahead([job], cl, max_gpus_default)
-            entry = self._workloads[key] = _JobOptions(self._options(job, cl, max_gpus_default))
+            entry = self._workloads[key] = WorkloadOptions(self._options(job, cl, max_gpus_default))
         return entry
 
     def _plan_ahead(self, jobs: list[Job], cl: "_Cluster", max_gpus_default: int) -> None:
@@ -286,7 +308,7 @@ class GridCatalog:
                 out.append((pool.key, cands))
         return out
 
-    def _running_grid(self, job: Job, cl: "_Cluster", entry: "_JobOptions", key) -> Grid | None:
+    def _running_grid(self, job: Job, cl: "_Cluster", entry: "WorkloadOptions", key) -> Grid | None:
         """The running allocation as a grid: one of the workload's options, or (a shape that is not
         compact, e.g. placed by another scheduler) planned on its own."""
         if key is None:
@@ -313,13 +335,15 @@ class _Cluster:
     context: int  # one number per distinct (pool sizes, GPU catalog overrides)
 
 
-class _JobOptions:
+class WorkloadOptions:
     """A workload's grid options: every pipeline depth per (pool, count), and the subsets a round uses."""
 
     def __init__(self, per_pool: list[tuple[tuple, list]]):
         self.per_pool = per_pool
         self._best = None
         self._pruned = None
+        self._shared: dict[bool, list[Grid]] = {}
+        self._summary: GridSummary | None = None
 
     def best(self) -> list[tuple]:
         if self._best is None:
@@ -328,10 +352,38 @@ class _JobOptions:
 
     def pruned(self) -> list[tuple]:
         if self._pruned is None:
-            grids = [Grid("", pk, *c) for pk, c in self.best()]
+            grids = self.shared(False)
             keep = {id(g) for g in drop_dominated(grids)}
             self._pruned = [pc for pc, g in zip(self.best(), grids) if id(g) in keep]
+            self._shared[True] = [g for g in grids if id(g) in keep]
         return self._pruned
+
+    def shared(self, prune: bool) -> list[Grid]:
+        """The grids of a job of this workload that does not run (job_id ""), made once for all of them;
+        `prune` as in GridCatalog.grids."""
+        if prune:
+            self.pruned()
+        elif False not in self._shared:
+            self._shared[False] = [Grid("", pk, *c) for pk, c in self.best()]
+        return self._shared[prune]
+
+    def summary(self) -> "GridSummary":
+        """The pruned grids as arrays (what a round's candidate filter reads for a waiting job)."""
+        if self._summary is None:
+            gs = self.shared(True)
+            self._summary = GridSummary(np.array([g.throughput for g in gs], dtype=float),
+                                        np.array([g.num_gpus for g in gs], dtype=float),
+                                        np.array([g.node_units(g.pool[1]) for g in gs], dtype=int))
+        return self._summary
+
+
+@dataclass(frozen=True)
+class GridSummary:
+    """Per grid of a list: throughput, GPUs and node units in its pool (Grid.node_units)."""
+
+    throughput: np.ndarray
+    gpus: np.ndarray
+    units: np.ndarray
 
 
 def _workload(job: Job, cl: _Cluster, max_gpus_default: int) -> tuple:

@@ -26,6 +26,7 @@ from _provenance import write_result
 from speed import generated
 
 from arena_opt.io import load_model  # noqa: E402
+from arena_opt.milp.candidates import candidates  # noqa: E402
 from arena_opt.milp.greedy import greedy_start  # noqa: E402
 from arena_opt.milp.linear import to_highs  # noqa: E402
 from arena_opt.milp.local import Packing, improve  # noqa: E402
@@ -37,7 +38,6 @@ from arena_opt.perf.band import default_band  # noqa: E402
 from arena_opt.perf.estimator import PerfEstimator  # noqa: E402
 from arena_opt.perf.planner import plan_cache_path  # noqa: E402
 from arena_opt.policies import make_policy  # noqa: E402
-from arena_opt.policies.arena import candidates  # noqa: E402
 from arena_opt.snapshot import ClusterSnapshot  # noqa: E402
 
 

@@ -126,9 +126,19 @@ def critical_jobs(job_of: np.ndarray, tput: np.ndarray, gpus: np.ndarray, rem_sa
     exceeds the time the whole cluster needs to drain all remaining work at every job's most
     GPU-efficient grid. Every second such a job runs below its best speed pushes back the time the
     last job finishes; a job with more float than one round can wait this round at no such cost."""
-    gpu_s_per_sample = np.full(len(best), np.inf)
+    return _critical(gpu_seconds_per_sample(job_of, tput, gpus, len(best)), rem_samples, best, total_gpus, float_s)
+
+
+def gpu_seconds_per_sample(job_of: np.ndarray, tput: np.ndarray, gpus: np.ndarray, num_jobs: int) -> np.ndarray:
+    """Per job: GPU-seconds per sample on its most GPU-efficient grid (inf without one)."""
+    out = np.full(num_jobs, np.inf)
     ok = tput > 0
-    np.minimum.at(gpu_s_per_sample, job_of[ok], gpus[ok] / tput[ok])
+    np.minimum.at(out, job_of[ok], gpus[ok] / tput[ok])
+    return out
+
+
+def _critical(gpu_s_per_sample: np.ndarray, rem_samples: np.ndarray, best: np.ndarray, total_gpus: int,
+              float_s: float) -> np.ndarray:
     has = np.isfinite(gpu_s_per_sample) & (best > 0) & (rem_samples > 0)
     if not has.any() or total_gpus <= 0:
         return np.array([], dtype=int)
@@ -137,25 +147,67 @@ def critical_jobs(job_of: np.ndarray, tput: np.ndarray, gpus: np.ndarray, rem_sa
     return np.flatnonzero(has & (own_s >= drain_s) & (own_s >= own_s.max() - float_s))
 
 
-def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts: ArenaOptions) -> ClusterProblem:
+@dataclass
+class JobStats:
+    """Per job, what the job-level terms read of all its grids: its fastest throughput (0 without grids),
+    GPU-seconds per sample on its most GPU-efficient grid, and whether it has any grid at all. Given to
+    `build_problem` with the grids of only some jobs, it stands for the others' grids (the round's
+    candidate filter, milp/candidates.py)."""
+
+    best: np.ndarray
+    gpu_s: np.ndarray
+    has_grids: np.ndarray
+
+    @classmethod
+    def of(cls, jobs, grids: dict[str, list[Grid]]) -> JobStats:
+        return _GridArrays.of(jobs, grids).stats(len(jobs))
+
+
+@dataclass
+class JobTerms:
+    """The job-level terms of a round, over every job of the snapshot."""
+
+    stats: JobStats
+    rem_samples: np.ndarray
+    base: np.ndarray  # job_priority
+    deadline_need: np.ndarray
+    deadline_weight: np.ndarray
+    guard_need: np.ndarray
+    guard_weight: np.ndarray
+
+    def targeted(self) -> np.ndarray:
+        """Jobs with a soft throughput target (as ClusterProblem.targeted)."""
+        return (self.deadline_need > 0) | (self.guard_need > 0)
+
+
+def job_terms(snapshot: ClusterSnapshot, stats: JobStats, opts: ArenaOptions) -> JobTerms:
+    jobs = snapshot.jobs
+    rem_samples = np.array([j.remaining_iterations * j.batch_size for j in jobs], dtype=float)
+    base = job_priority(snapshot, stats.best, rem_samples, opts)
+    need, dweight = deadline_targets(snapshot, stats.best, rem_samples, base, opts)
+    gneed, gweight = makespan_targets(jobs, stats, rem_samples, base, pools(snapshot), opts)
+    return JobTerms(stats, rem_samples, base, need, dweight, gneed, gweight)
+
+
+def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts: ArenaOptions,
+                  terms: JobTerms | None = None) -> ClusterProblem:
+    """`terms`: the job-level terms when `grids` holds only some jobs' grids (job_terms over all of them);
+    None: computed from `grids`, which then hold every job's."""
     jobs = snapshot.jobs
     g = _GridArrays.of(jobs, grids)
-    rem_samples = np.array([j.remaining_iterations * j.batch_size for j in jobs], dtype=float)
-    base = job_priority(snapshot, g, rem_samples, opts)
-    value = grid_values(jobs, g, base, opts)
-    need, dweight = deadline_targets(snapshot, g, rem_samples, base, opts)
-    pool_map = pools(snapshot)
-    gneed, gweight = makespan_targets(jobs, g, rem_samples, base, pool_map, opts)
-    pinfo = pool_occupancy(snapshot, pool_map)
-    units = np.array([x.node_units(pinfo[x.pool].gpus_per_node) for x in g.flat], dtype=int)
+    if terms is None:
+        terms = job_terms(snapshot, g.stats(len(jobs)), opts)
+    value = grid_values(jobs, g, terms, opts)
+    pinfo = pool_occupancy(snapshot, pools(snapshot))
     totals = pool_totals(snapshot)
-    reasons = {j.id: no_grid_reason(j, snapshot, totals) for j in jobs if not grids.get(j.id)}
+    reasons = {j.id: no_grid_reason(j, snapshot, totals) for j, has in zip(jobs, terms.stats.has_grids) if not has}
     return ClusterProblem(
-        job_ids=[j.id for j in jobs], grids=g.flat, job_of=g.job_of, value=value, units=units,
+        job_ids=[j.id for j in jobs], grids=g.flat, job_of=g.job_of, value=value, units=g.units,
         pool_of=[x.pool for x in g.flat], current=g.current, throughput=g.tput, pools=pinfo,
         running=np.array([j.running is not None for j in jobs], dtype=bool),
-        preempt_penalty=preemption_penalty(jobs, g, value, opts), deadline_need=need, deadline_weight=dweight,
-        max_reconfigs=opts.max_reconfigs_per_round, waiting_reason=reasons, guard_need=gneed, guard_weight=gweight)
+        preempt_penalty=preemption_penalty(jobs, g, value, opts), deadline_need=terms.deadline_need,
+        deadline_weight=terms.deadline_weight, max_reconfigs=opts.max_reconfigs_per_round, waiting_reason=reasons,
+        guard_need=terms.guard_need, guard_weight=terms.guard_weight)
 
 
 @dataclass
@@ -167,25 +219,35 @@ class _GridArrays:
     tput: np.ndarray
     gpus: np.ndarray
     current: np.ndarray
-    best: np.ndarray  # per job: its fastest grid's throughput (0 without grids)
+
+    units: np.ndarray  # node units in its pool (Grid.node_units)
 
     @classmethod
     def of(cls, jobs, grids: dict[str, list[Grid]]) -> _GridArrays:
-        jidx = {j.id: i for i, j in enumerate(jobs)}
-        flat = [g for j in jobs for g in grids.get(j.id, [])]
-        job_of = np.array([jidx[g.job_id] for g in flat], dtype=int)
-        tput = np.array([g.throughput for g in flat], dtype=float)
-        best = np.zeros(len(jobs))
-        if len(flat):
-            np.maximum.at(best, job_of, tput)
-        return cls(flat, job_of, tput, np.array([g.num_gpus for g in flat], dtype=float),
-                   np.array([g.current for g in flat], dtype=bool), best)
+        lists = [grids.get(j.id, ()) for j in jobs]
+        flat = [g for gs in lists for g in gs]
+        # whose a grid is comes from the list it is in: waiting jobs of one workload share grid objects,
+        # so each distinct grid is read once (a few hundred of them among 465,000 at 150,000 jobs)
+        job_of = np.repeat(np.arange(len(jobs), dtype=int), [len(gs) for gs in lists])
+        pos: dict[int, int] = {}
+        at = np.array([pos.setdefault(id(g), len(pos)) for g in flat], dtype=int)
+        uniq = list({id(g): g for g in flat}.values())
+        col = lambda f, t: np.array([f(g) for g in uniq], dtype=t)[at]  # noqa: E731
+        return cls(flat, job_of, col(lambda g: g.throughput, float), col(lambda g: g.num_gpus, float),
+                   col(lambda g: g.current, bool), col(lambda g: g.node_units(g.pool[1]), int))
+
+    def stats(self, num_jobs: int) -> JobStats:
+        best = np.zeros(num_jobs)
+        if len(self.flat):
+            np.maximum.at(best, self.job_of, self.tput)
+        return JobStats(best, gpu_seconds_per_sample(self.job_of, self.tput, self.gpus, num_jobs),
+                        np.bincount(self.job_of, minlength=num_jobs) > 0)
 
 
-def job_priority(snapshot: ClusterSnapshot, g: _GridArrays, rem_samples: np.ndarray, opts: ArenaOptions) -> np.ndarray:
+def job_priority(snapshot: ClusterSnapshot, best: np.ndarray, rem_samples: np.ndarray, opts: ArenaOptions) -> np.ndarray:
     """Per job: weight x SJF factor (median remaining time over its own, at its best speed) x aging."""
     jobs = snapshot.jobs
-    rem_time = np.where(g.best > 0, rem_samples / np.maximum(g.best, 1e-12), np.inf)
+    rem_time = np.where(best > 0, rem_samples / np.maximum(best, 1e-12), np.inf)
     finite = rem_time[np.isfinite(rem_time) & (rem_time > 0)]
     med = float(np.median(finite)) if len(finite) else 1.0
     sjf = np.clip(med / np.maximum(rem_time, 1e-9), 1.0 / opts.sjf_clip, opts.sjf_clip) ** opts.sjf_exponent
@@ -198,22 +260,42 @@ def job_priority(snapshot: ClusterSnapshot, g: _GridArrays, rem_samples: np.ndar
     return weight * sjf * aging
 
 
-def grid_values(jobs, g: _GridArrays, base: np.ndarray, opts: ArenaOptions) -> np.ndarray:
+def grid_values(jobs, g: _GridArrays, terms: JobTerms, opts: ArenaOptions) -> np.ndarray:
     """Per grid: its job's priority x its speed relative to the job's best, less the share of the round a
     restart onto it loses, less a per-GPU tie-breaker."""
-    value = base[g.job_of] * (g.tput / np.maximum(g.best[g.job_of], 1e-12))
+    base, best = terms.base, terms.stats.best
     restart = np.zeros(len(g.flat))
-    seen: dict[tuple[int, int], float] = {}  # (job, GPUs) -> delay: a job's ~17 grids have a few GPU counts
-    for k, j, n in zip(np.flatnonzero(~g.current).tolist(), g.job_of[~g.current].tolist(),
-                       g.gpus[~g.current].astype(int).tolist()):
-        d = seen.get((j, n))
-        if d is None:
+    moved = np.flatnonzero(~g.current)
+    if len(moved):
+        # a restart's delay depends on the job only through its architecture and whether it resumes: one
+        # delay per such kind and GPU count (a few dozen), not per grid
+        kinds: dict[tuple, int] = {}
+        reps = []  # per kind: (architecture, resumed)
+        kind = np.zeros(len(jobs), dtype=int)
+        for j in np.unique(g.job_of[moved]).tolist():
             job = jobs[j]
-            d = seen[(j, n)] = opts.reconfig.delay_s(job.arch, n, resumed=job.total_iterations > job.remaining_iterations)
-        restart[k] = d
-    value -= value * np.minimum(1.0, restart / opts.horizon_s)
-    value -= opts.gpu_epsilon * base[g.job_of] * g.gpus / opts.max_gpus_per_job
-    return value
+            resumed = job.total_iterations > job.remaining_iterations
+            kind[j] = kinds.setdefault((id(job.arch), resumed), len(kinds))
+            if kind[j] == len(reps):
+                reps.append((job.arch, resumed))
+        n = g.gpus[moved].astype(int)
+        width = int(n.max()) + 1
+        pairs, inv = np.unique(kind[g.job_of[moved]] * width + n, return_inverse=True)
+        delays = [opts.reconfig.delay_s(reps[c // width][0], c % width, resumed=reps[c // width][1])
+                  for c in pairs.tolist()]
+        restart[moved] = np.array(delays)[inv.reshape(-1)]
+    return grid_value(base[g.job_of], g.tput / np.maximum(best[g.job_of], 1e-12), restart / opts.horizon_s, g.gpus,
+                      opts)
+
+
+def grid_value(base, speed, restart_share, gpus, opts: ArenaOptions):
+    """The value formula, elementwise (arrays that broadcast): priority x speed relative to the job's best,
+    less the lost share of the round (`restart_share`, restart delay over the horizon), less the per-GPU
+    tie-breaker. The candidate filter evaluates it for jobs whose grids it never builds: the same
+    operations in the same order, so it ranks on exactly the values the model gets."""
+    value = base * speed
+    value = value - value * np.minimum(1.0, restart_share)
+    return value - opts.gpu_epsilon * base * gpus / opts.max_gpus_per_job
 
 
 def preemption_penalty(jobs, g: _GridArrays, value: np.ndarray, opts: ArenaOptions) -> np.ndarray:
@@ -226,33 +308,34 @@ def preemption_penalty(jobs, g: _GridArrays, value: np.ndarray, opts: ArenaOptio
     return preempt
 
 
-def deadline_targets(snapshot: ClusterSnapshot, g: _GridArrays, rem_samples: np.ndarray, base: np.ndarray,
+def deadline_targets(snapshot: ClusterSnapshot, best: np.ndarray, rem_samples: np.ndarray, base: np.ndarray,
                      opts: ArenaOptions) -> tuple[np.ndarray, np.ndarray]:
     """Per job: the throughput its deadline needs and the weight of missing it; only deadlines that some
     grid can still meet are enforced (0 otherwise)."""
     n = len(snapshot.jobs)
     need, weight = np.zeros(n), np.zeros(n)
+    top = float(base.max()) if n else 0.0
     for i, j in enumerate(snapshot.jobs):
-        if j.deadline is None or g.best[i] <= 0:
+        if j.deadline is None or best[i] <= 0:
             continue
         left = j.deadline - snapshot.time
         req = rem_samples[i] / left if left > 0 else np.inf
-        if req <= g.best[i]:
+        if req <= best[i]:
             need[i] = req
             # scaled by the largest job value so that a reachable deadline outweighs any one job's value
-            weight[i] = opts.deadline_weight * float(base.max()) * j.weight
+            weight[i] = opts.deadline_weight * top * j.weight
     return need, weight
 
 
-def makespan_targets(jobs, g: _GridArrays, rem_samples: np.ndarray, base: np.ndarray, pool_map: dict,
+def makespan_targets(jobs, stats: JobStats, rem_samples: np.ndarray, base: np.ndarray, pool_map: dict,
                      opts: ArenaOptions) -> tuple[np.ndarray, np.ndarray]:
     """Per job: the makespan guard's need (its fastest grid's throughput, for `critical_jobs`) and weight."""
     n = len(jobs)
     need, weight = np.zeros(n), np.zeros(n)
-    if opts.makespan_guard and len(g.flat):
+    if opts.makespan_guard and stats.has_grids.any():
         total_gpus = sum(p.num_gpus for p in pool_map.values())
-        crit = critical_jobs(g.job_of, g.tput, g.gpus, rem_samples, g.best, total_gpus, opts.horizon_s)
-        need[crit] = g.best[crit]
+        crit = _critical(stats.gpu_s, rem_samples, stats.best, total_gpus, opts.horizon_s)
+        need[crit] = stats.best[crit]
         weight[crit] = opts.makespan_weight * float(base.max()) * np.array([j.weight for j in jobs])[crit]
     return need, weight
 

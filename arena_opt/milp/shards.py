@@ -61,7 +61,9 @@ def restrict(p: ClusterProblem, jobs: np.ndarray, s: int = 0, shards: int = 1) -
     """The sub-problem of `jobs` (original indices, sorted) on shard s of `shards` of the empty nodes,
     with the nodes those jobs occupy."""
     new_j = {int(j): i for i, j in enumerate(jobs)}
-    ks = np.array([k for k in range(len(p.grids)) if int(p.job_of[k]) in new_j], dtype=int)
+    remap = np.full(p.num_jobs, -1)
+    remap[jobs] = np.arange(len(jobs))
+    ks = np.flatnonzero(remap[p.job_of] >= 0)
     pools = {}
     for key, pi in p.pools.items():
         occ = {nid: [(new_j[j], g) for j, g in users] for nid, users in pi.occupied.items()
@@ -71,7 +73,7 @@ def restrict(p: ClusterProblem, jobs: np.ndarray, s: int = 0, shards: int = 1) -
     take = lambda a: a[jobs]  # noqa: E731
     return replace(
         p, job_ids=[p.job_ids[j] for j in jobs], grids=[p.grids[k] for k in ks],
-        job_of=np.array([new_j[int(p.job_of[k])] for k in ks], dtype=int), value=p.value[ks], units=p.units[ks],
+        job_of=remap[p.job_of[ks]], value=p.value[ks], units=p.units[ks],
         pool_of=[p.pool_of[k] for k in ks], current=p.current[ks], throughput=p.throughput[ks], pools=pools,
         running=take(p.running), preempt_penalty=take(p.preempt_penalty), deadline_need=take(p.deadline_need),
         deadline_weight=take(p.deadline_weight),

@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-import numpy as np
-
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid, GridCatalog
+from arena_opt.milp.candidates import round_problem
 from arena_opt.milp.greedy import greedy_start
 from arena_opt.milp.local import improve
 from arena_opt.milp.options import ArenaOptions
@@ -17,29 +16,6 @@ from arena_opt.milp.shards import merge, restrict, split
 from arena_opt.milp.solve import SolveResult, solve_problem
 from arena_opt.policies.base import GridPolicy
 from arena_opt.snapshot import ClusterSnapshot
-
-
-def candidates(p: ClusterProblem, factor: float | None) -> np.ndarray | None:
-    """Jobs worth a place in the MILP, or None when all are (see ArenaOptions.candidate_factor)."""
-    if factor is None or not len(p.grids):
-        return None
-    total = sum(pi.gpus_per_node * (pi.empty_nodes + len(pi.occupied)) for pi in p.pools.values())
-    must = p.running | p.targeted()
-    density = np.full(p.num_jobs, -np.inf)
-    smallest = np.full(p.num_jobs, np.inf)
-    np.maximum.at(density, p.job_of, p.value / np.maximum(p.units, 1))
-    np.minimum.at(smallest, p.job_of, p.units.astype(float))
-    waiting = [j for j in np.argsort(-density, kind="stable") if not must[j] and np.isfinite(smallest[j])]
-    budget = factor * total - float(smallest[must & np.isfinite(smallest)].sum())
-    chosen = [j for j in range(p.num_jobs) if must[j]]
-    for j in waiting:
-        if budget <= 0:
-            break
-        chosen.append(j)
-        budget -= smallest[j]
-    if len(chosen) == p.num_jobs:
-        return None
-    return np.array(sorted(chosen), dtype=int)
 
 
 _AFTER_SOLVE = 0.05  # least share of the time limit kept for placement and the decision
@@ -69,10 +45,10 @@ class ArenaPolicy(GridPolicy):
         # for placement and the decision
         end = (self.started if self.started is not None else t0) + o.time_limit_s
         deadline = end - o.time_limit_s * _AFTER_SOLVE
-        p = self.problem(snapshot)
+        # grids only for the jobs that enter the MILP (milp/candidates.py)
+        full, cand = round_problem(snapshot, GridCatalog.of(self.estimator, o.caution), o)
         t_grids = time.perf_counter() - t0
-        full, jobs, note = p, None, None
-        cand = candidates(p, o.candidate_factor)
+        p, jobs, note = full, None, None
         if cand is not None:
             jobs, p = cand, restrict(p, cand)
             note = (f"{full.num_jobs - len(cand)} waiting jobs of lower value per GPU left out of the MILP "
