@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     for held, res in folds.items():
         rows += fold_residuals([o for o in obs if o.gpu_type == held], res.params)
     log(f"{len(folds)} folds fitted, {time.perf_counter() - t_start:.0f} s")
-    source = {"command": command(), "git": git_rev(), "table": str(path), "rows": len(obs)}
+    source = {"command": command(), "git": git_rev(), "table": str(path), "rows": len(obs),
+              "params": "each type's residuals at calibrate.fit of the other types (from bench/estimator.py's "
+                        "ARENA_BASE): the calibrated model's error"}
     model = BandModel.build(rows, level=args.level, source=source)
     model.save(args.model_out)
     cov = coverage(rows, args.level)
@@ -105,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             groups[f"{b.group}"] = {"lo": b.lo_s, "hi": b.hi_s, "n": b.n}
     payload = {"command": command(), "git": git_rev(), "machine": machine(), "table": str(path),
                "seconds": time.perf_counter() - t_start, "level": args.level, "widen_lo": model.widen_lo,
-               "widen_hi": model.widen_hi, "groups": groups, "coverage": cov, "fold_params": fold_params,
+               "widen_hi": model.widen_hi, "groups": groups,
+               "levels": {"lo": model.calibrated((1 - args.level) / 2), "hi": model.calibrated((1 + args.level) / 2)}, "coverage": cov, "fold_params": fold_params,
                "model": _shown(args.model_out)}
     md = render(payload)
     jp, mp = write(args.out, "band", payload, md, written=[args.model_out])
@@ -140,7 +143,9 @@ def render(p: dict) -> str:
         "# Error bands of the estimates (leave-one-type-out on Arena's measured table)\n",
         f"Command: `{p['command']}` (git {p['git']}), {p['seconds']:.0f} s on "
         f"{m.get('cpu_model', m['processor'])} ({m['cpus']} CPUs). Table: `{p['table']}`. "
-        f"Nominal coverage {pct(p['level'])}. Model: `{p['model']}`.\n",
+        f"Nominal coverage {pct(p['level'])}, read at the held-out-calibrated quantile levels "
+        f"{p['levels']['lo']:.3f} / {p['levels']['hi']:.3f} (conformal, perf/band.py). Model: `{p['model']}`. "
+        "The residuals are the calibrated model's (each fold's fitted parameters).\n",
         "Coverage: the share of a held-out type's measured times inside the bands of a model built from "
         "the other types' residuals. `reference`: the estimate of the measured configuration (inside the "
         "calibrated region); `planner`: the planner's own best plan (outside it where its micro-batch "

@@ -79,6 +79,45 @@ def test_bands_of_one_configuration_scale_with_the_estimate():
     assert wider.band(1.0, "bert", 4, 64).hi_s > model.band(1.0, "bert", 4, 64).hi_s
 
 
+def _held_out_coverage(rows: list[ResidualRow], level: float = 0.8) -> float:
+    """Share of each type's reference residuals inside the bands of a model built without that type."""
+    inside = n = 0
+    for held in sorted({r.gpu_type for r in rows}):
+        model = BandModel.build([r for r in rows if r.gpu_type != held], level=level)
+        for r in rows:
+            if r.gpu_type == held and r.kind == "reference":
+                b = model.band(1.0, r.family, r.num_gpus, r.microbatches)
+                inside += b.lo_s <= math.exp(r.log_ratio) <= b.hi_s
+                n += 1
+    return inside / n
+
+
+def test_levels_calibrated_on_held_out_types_cover_at_the_nominal_rate():
+    """Each type off by its own bias (as each fold's fit leaves one): the other types' plain quantiles
+    under-cover a held-out type; the levels read from held-out scores cover at least nominally."""
+    rng = np.random.default_rng(3)
+    rows = [ResidualRow(kind="reference", family="bert", gpu_type=t, num_gpus=n, microbatches=16,
+                        log_ratio=bias + 0.1 * rng.standard_normal())
+            for t, bias in zip("abcde", (-0.2, -0.1, 0.0, 0.1, 0.2)) for n in (1, 2, 4, 8) for _ in range(15)]
+    model = BandModel.build(rows, level=0.8)
+    assert model.calibrated(0.9) > 0.9 and model.calibrated(0.1) < 0.1 and model.calibrated(0.5) == 0.5
+    assert _held_out_coverage(rows) >= 0.8
+    plain = []
+    for r in rows:
+        m = BandModel(level=0.8, rows=[x for x in rows if x.gpu_type != r.gpu_type])
+        m._cache["scores"] = []  # nominal levels (set before any band is read): the band before this calibration
+        b = m.band(1.0, r.family, r.num_gpus, r.microbatches)
+        plain.append(b.lo_s <= math.exp(r.log_ratio) <= b.hi_s)
+    assert np.mean(plain) < 0.8  # what the calibration repairs
+    # the caution quantile is read at the same calibrated level as the band's edge
+    assert model.band(1.0, "bert", 4, 16, caution=0.9).decided_s == pytest.approx(model.band(1.0, "bert", 4, 16).hi_s)
+
+
+def test_committed_band_covers_held_out_types():
+    rows = default_band().rows
+    assert _held_out_coverage(rows) >= default_band().level
+
+
 def test_small_group_falls_back_to_family_then_all():
     rows = [r for r in _rows() if not (r.family == "moe" and r.num_gpus == 1)]
     model = BandModel.build(rows, min_group=20)

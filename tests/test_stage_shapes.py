@@ -12,6 +12,7 @@ from arena_opt.decision import Decision, JobDecision
 from arena_opt.feasibility import InfeasibleDecision, check_decision
 from arena_opt.gpus import BUILTIN_GPUS
 from arena_opt.perf import stage_shapes
+from arena_opt.perf.band import BandModel, ResidualRow, default_band
 from arena_opt.perf.compose import evaluate_split, split_stages, split_stages_shaped
 from arena_opt.perf.planner import Planner
 from arena_opt.plan import Plan
@@ -110,7 +111,7 @@ WINNING_GRIDS = [("bert-6.7B", 256, "v100-32gb", 1, 8, 2), ("wide_resnet-4B", 51
 def test_planner_takes_per_stage_plans_only_past_the_margin(model, batch, gpu, nodes, gpn, pp):
     arch, spec = get_arch(model), BUILTIN_GPUS[gpu]
     uni = Planner(per_stage=False).plan(arch, batch, gpu, spec, None, nodes, gpn, pp)
-    per = Planner(per_stage=True).plan(arch, batch, gpu, spec, None, nodes, gpn, pp)
+    per = Planner(per_stage=True, stage_band=None).plan(arch, batch, gpu, spec, None, nodes, gpn, pp)
     assert uni.proxy.plan.uniform and not per.proxy.plan.uniform
     assert per.proxy.iter_time_s < uni.proxy.iter_time_s * (1 - stage_shapes.PER_STAGE_MARGIN)
     plan = per.proxy.plan
@@ -124,16 +125,54 @@ def test_planner_without_a_win_past_the_margin_keeps_the_uniform_plan(monkeypatc
     arch, spec = get_arch("bert-6.7B"), BUILTIN_GPUS["v100-32gb"]
     uni = Planner(per_stage=False).plan(arch, 256, "v100-32gb", spec, None, 1, 8, 2)
     monkeypatch.setattr(stage_shapes, "PER_STAGE_MARGIN", 0.5)
-    per = Planner(per_stage=True).plan(arch, 256, "v100-32gb", spec, None, 1, 8, 2)
+    per = Planner(per_stage=True, stage_band=None).plan(arch, 256, "v100-32gb", spec, None, 1, 8, 2)
     assert per.proxy == uni.proxy
+
+
+def _band(half_width: float, family: str) -> BandModel:
+    """A band model whose reference residuals spread evenly over +-half_width (log units), on two types."""
+    rows = [ResidualRow(kind="reference", family=family, gpu_type=t, num_gpus=n, microbatches=m,
+                        log_ratio=half_width * (2 * i / 19 - 1))
+            for t in ("a", "b") for n in (1, 2, 4, 8, 16) for m in (1, 2, 4, 8, 16, 32, 64) for i in range(20)]
+    return BandModel.build(rows, level=0.8)
+
+
+@pytest.mark.parametrize("model,batch,gpu,nodes,gpn,pp", WINNING_GRIDS)
+def test_per_stage_plans_win_only_past_the_error_band(model, batch, gpu, nodes, gpn, pp):
+    """The margin is the band's: a per-stage plan whose estimate at the band's upper edge still beats the
+    uniform plan replaces it; a band wider than the win keeps the uniform plan."""
+    arch, spec = get_arch(model), BUILTIN_GPUS[gpu]
+    uni = Planner(per_stage=False).plan(arch, batch, gpu, spec, None, nodes, gpn, pp)
+    free = Planner(per_stage=True, stage_band=None).plan(arch, batch, gpu, spec, None, nodes, gpn, pp)
+    win = 1 - free.proxy.iter_time_s / uni.proxy.iter_time_s
+    m = uni.proxy.plan.num_microbatches
+    narrow, wide = _band(0.2 * win, arch.family), _band(3 * win, arch.family)
+    need_narrow = stage_shapes.margin(narrow, arch.family, nodes * gpn, m)
+    need_wide = stage_shapes.margin(wide, arch.family, nodes * gpn, m)
+    assert need_narrow == pytest.approx(1 - 1 / narrow.band(1.0, arch.family, nodes * gpn, m).hi_s)
+    assert 0 < need_narrow < win < need_wide
+    taken = Planner(per_stage=True, stage_band=narrow).plan(arch, batch, gpu, spec, None, nodes, gpn, pp)
+    assert not taken.proxy.plan.uniform
+    assert taken.proxy.iter_time_s * narrow.band(1.0, arch.family, nodes * gpn, m).hi_s < uni.proxy.iter_time_s
+    kept = Planner(per_stage=True, stage_band=wide).plan(arch, batch, gpu, spec, None, nodes, gpn, pp)
+    assert kept.proxy == uni.proxy
+    # the committed band model is the default, and its margin holds for whatever the planner keeps
+    shipped = Planner(per_stage=True)
+    assert shipped.stage_band is not None and shipped.stage_band == default_band()
+    got = shipped.plan(arch, batch, gpu, spec, None, nodes, gpn, pp).proxy
+    need = stage_shapes.margin(shipped.stage_band, arch.family, nodes * gpn, m)
+    assert got == uni.proxy or got.iter_time_s < uni.proxy.iter_time_s * (1 - need)
+    # a band model is part of the plan cache's key: plans made at one margin are not reused at another
+    assert Planner(per_stage=True, stage_band=narrow)._params_key() != Planner(
+        per_stage=True, stage_band=wide)._params_key()
 
 
 def test_per_stage_flag_keys_the_plan_cache(tmp_path, monkeypatch):
     arch, spec = get_arch("bert-6.7B"), BUILTIN_GPUS["v100-32gb"]
-    a = Planner(per_stage=True)
+    a = Planner(per_stage=True, stage_band=None)
     a.plan(arch, 256, "v100-32gb", spec, None, 1, 8, 2)
     a.save_cache(tmp_path / "c.json")
-    b = Planner(per_stage=True)
+    b = Planner(per_stage=True, stage_band=None)
     b.load_cache(tmp_path / "c.json")
     assert b._disk and not b.plan(arch, 256, "v100-32gb", spec, None, 1, 8, 2).proxy.plan.uniform
     c = Planner(per_stage=False)

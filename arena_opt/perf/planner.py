@@ -21,6 +21,7 @@ import numpy as np
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf import stage_shapes
 from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, links_for
+from arena_opt.perf.band import default_band
 from arena_opt.perf.compose import LayerCosts, Splits, may_fit, split_many, stack, take
 from arena_opt.plan import Plan
 from models.catalog import Arch
@@ -114,10 +115,16 @@ def _code_version() -> str:
 
 
 class Planner:
-    def __init__(self, params: CostParams | None = None, layer_source=None, per_stage: bool | None = None):
+    def __init__(self, params: CostParams | None = None, layer_source=None, per_stage: bool | None = None,
+                 stage_band="default"):
         self.params = params or CostParams()
         # per-stage (dp, tp) plans (perf/stage_shapes.py); None = $ARENA_OPT_PER_STAGE decides
         self.per_stage = stage_shapes.enabled() if per_stage is None else per_stage
+        # the error band a per-stage plan must win by (stage_shapes.margin): the committed band model by
+        # default, None for the fixed stage_shapes.PER_STAGE_MARGIN
+        if isinstance(stage_band, str):  # "default": loaded only where per-stage plans are searched
+            stage_band = default_band() if self.per_stage else None
+        self.stage_band = stage_band
         # optional callable (arena_opt.perf.profile_source.ProfileSource) giving measured LayerCosts;
         # it returns None where it has no profile and the analytical model is used
         self.layer_source = layer_source
@@ -151,8 +158,11 @@ class Planner:
         self._disk_dirty = False
 
     def _params_key(self) -> str:
+        band = ""
+        if self.per_stage and self.stage_band is not None:  # the margin moves per-stage plans
+            band = "|band:" + hashlib.sha1(self.stage_band.model_dump_json().encode()).hexdigest()[:16]
         return (self.params.model_dump_json() + "|" + str(getattr(self.layer_source, "digest", ""))
-                + ("|per-stage" if self.per_stage else ""))
+                + ("|per-stage" if self.per_stage else "") + band)
 
     def mem_cap_bytes(self, gpu: GpuSpec) -> float:
         return (gpu.memory_gib - self.params.mem_reserve_gib) * GIB
@@ -275,7 +285,8 @@ class Planner:
         shapes = [(n_gpus // (pp * tp), tp) for tp in tp_degrees(arch, gpus_per_node, n_gpus // pp)]
         base = pareto[0]
         got = stage_shapes.best_shaped(costs, shapes, batch, pp, base.plan, base.iter_time_s, cap,
-                                       stage_shapes.margin(arch.name, gpu_name))
+                                       stage_shapes.margin(self.stage_band, arch.family, n_gpus,
+                                                           base.plan.num_microbatches))
         if got is None:
             return pareto
         best = PlanResult(got[0], got[1], got[2] / GIB + self.params.mem_reserve_gib, batch)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from arena_opt.perf.band import BandModel
 from arena_opt.perf.compose import LayerCosts, split_stages_shaped
 from arena_opt.plan import Plan
 
-# A per-stage plan replaces the uniform one only when it is faster by more than this fraction: the
-# cost model's error between two plans of one grid. Placeholder until the calibrated error bands of
-# issue 16.2 exist; `margin` is the one place to read them from.
+# The margin a planner without an error band model uses (Planner(stage_band=None), or no committed
+# arena_opt/perf/band.json): a per-stage plan must be faster than the uniform one by this fraction.
 PER_STAGE_MARGIN = 0.05
 ENV_FLAG = "ARENA_OPT_PER_STAGE"
 
@@ -28,9 +28,15 @@ def enabled() -> bool:
     return os.environ.get(ENV_FLAG, "") == "1"
 
 
-def margin(arch_name: str, gpu_name: str) -> float:
-    """Relative win a per-stage plan needs over the uniform plan of its grid (hook for error bands)."""
-    return PER_STAGE_MARGIN
+def margin(band: BandModel | None, family: str, num_gpus: int, microbatches: int) -> float:
+    """Relative win a per-stage plan needs over the uniform plan of its grid: its estimate raised to the
+    upper edge of its error band (perf/band.py, at the configuration's family, GPU count and micro-batch
+    count) must still be below the uniform plan's estimate, so need = 1 - estimate / upper edge. The
+    band is the error of one estimate against its measurement; two plans of one grid share much of it,
+    so this is the cautious reading (documented choice, issue 16.4). No band: PER_STAGE_MARGIN."""
+    if band is None:
+        return PER_STAGE_MARGIN
+    return max(0.0, 1.0 - 1.0 / band.band(1.0, family, num_gpus, microbatches).hi_s)
 
 
 def best_shaped(costs: Callable[[int, int, int, bool], LayerCosts], shapes: list[tuple[int, int]], batch: int,
