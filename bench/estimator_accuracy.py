@@ -12,7 +12,11 @@ thread per rank like the profiler) and compare with `arena_opt.perf.profile_cost
 (processor-sharing run of the schedule on this host's cores). Nothing is fitted to the measured
 plans: every term comes from the per-layer profiles and the collective micro-benchmarks. A measured
 plan time is the median step after warm-up; the least disturbed step (minimum) is reported too,
-since the host may be shared with other work. Writes estimator_accuracy.json and .md.
+since the host may be shared with other work. With --rounds R every world size is launched R times,
+rounds interleaved over the world sizes (the host's drift falls on each alike): a plan's time is the
+median of its rounds' medians, its spread (max - min) / median over the rounds is the measurement's
+own repeatability, reported beside the error, with the load average (1, 5, 15 min) of every launch.
+--pin pins rank r to core r mod cores (`measure(pin=True)`). Writes estimator_accuracy.json and .md.
 """
 
 from __future__ import annotations
@@ -96,6 +100,26 @@ def cpu_work(prof, plan: Plan, comm, topo, scale: float = 1.0) -> float:
                                    + p.dp_cpu_s[a:e].sum() + p.call_s for a, e in stages)
 
 
+def combine(runs: list[dict]) -> dict:
+    """One plan's rounds as one measurement: the median of the rounds' median steps (`round_s`, their
+    spread (max - min) / median), every timed step, and the rounds' medians of the per-step CPU time of
+    all ranks, the speed probe and the other tenants' load; a plan failed in every round: its error."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    med = statistics.median
+    rounds = [r["iter_s"] for r in ok]
+
+    def of(key):
+        vals = [r[key] for r in ok if r.get(key) is not None]
+        return med(vals) if vals else None
+
+    return {"iter_s": med(rounds), "round_s": rounds, "spread": (max(rounds) - min(rounds)) / med(rounds),
+            "times": [t for r in ok for t in r["times"]], "own_cpu_step_s": med(r["own_cpu_s"] / len(r["times"])
+                                                                                 for r in ok),
+            "probe_s": of("probe_s"), "ambient_runnable": of("ambient_runnable"), "ambient_cores": of("ambient_cores")}
+
+
 def loadavg() -> float:
     try:
         return os.getloadavg()[0]
@@ -111,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per plan (DTensor / FSDP2 caches, allocator)")
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per layer shape")
+    ap.add_argument("--rounds", type=int, default=3, help="launches per world size (median over them)")
+    ap.add_argument("--pin", action="store_true", help="pin rank r to core r mod cores")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     cores = cpu_cores()
@@ -148,15 +174,25 @@ def main(argv: list[str] | None = None) -> int:
         profile_s[name] = time.perf_counter() - t0
         db.put_model(prof)
         log(f"{arch.name}: profiled in {profile_s[name]:.0f} s")
+        runs: dict[int, list[list[dict]]] = defaultdict(list)
+        loads: dict[int, list[tuple]] = defaultdict(list)
+        for rnd in range(args.rounds):
+            for w in worlds:
+                plans = plans_for(arch, w)
+                if not plans:
+                    continue
+                loads[w].append(os.getloadavg())
+                t0 = time.perf_counter()
+                runs[w].append(measure_each([Case(arch, p, BATCH) for p in plans], steps=args.steps,
+                                            warmup=args.warmup, pin=args.pin))
+                log(f"{arch.name}: round {rnd + 1}, {len(plans)} plans on {w} processes measured in "
+                    f"{time.perf_counter() - t0:.0f} s, load average {loads[w][-1][0]:.1f}")
         for w in worlds:
             plans = plans_for(arch, w)
             if not plans:
                 continue
-            la = loadavg()
-            t0 = time.perf_counter()
-            res = measure_each([Case(arch, p, BATCH) for p in plans], steps=args.steps, warmup=args.warmup)
-            log(f"{arch.name}: {len(plans)} plans on {w} processes measured in {time.perf_counter() - t0:.0f} s")
-            for plan, r in zip(plans, res):
+            la = statistics.median(x[0] for x in loads[w])
+            for plan, r in zip(plans, (combine(list(rs)) for rs in zip(*runs[w]))):
                 if "error" in r:
                     failed.append({"model": name, "arch": arch.name, "world": w, "plan": plan.describe(),
                                    "error": r["error"]})
@@ -170,13 +206,15 @@ def main(argv: list[str] | None = None) -> int:
                 est_speed = pc.plan_time(prof, plan, BATCH, comm, topo, compute_scale=speed).iter_time_s
                 est_cpu_speed = cpu_work(prof, plan, comm, topo, speed)
                 est_cont = pc.plan_time(prof, plan, BATCH, comm, topo, compute_scale=slowdown_k[w]).iter_time_s
-                meas_cpu = r["own_cpu_s"] / len(r["times"])
+                meas_cpu = r["own_cpu_step_s"]
                 est_load = pc.plan_time(prof, plan, BATCH, comm,
                                         pc.Topology(intra="loopback", cores=cores, background=bg)).iter_time_s
                 rows.append({"model": name, "arch": arch.name, "world": w, "plan": plan.describe(),
                              "stages": plan.stages, "estimate_s": est, "estimate_load_aware_s": est_load,
                              "measured_s": r["iter_s"], "measured_min_s": min(r["times"]), "steps_s": r["times"],
-                             "load_avg": la, "other_runnable": bg, "other_cores_busy": r["ambient_cores"],
+                             "load_avg": la, "load_avgs": loads[w], "round_s": r["round_s"],
+                             "spread": r["spread"], "cpu_share": meas_cpu / (r["iter_s"] * min(w, cores)),
+                             "other_runnable": bg, "other_cores_busy": r["ambient_cores"],
                              "rel_err": est / r["iter_s"] - 1, "rel_err_min": est / min(r["times"]) - 1,
                              "rel_err_load_aware": est_load / r["iter_s"] - 1,
                              "estimate_cpu_s": est_cpu, "measured_cpu_s": meas_cpu, "rel_err_cpu": est_cpu / meas_cpu - 1,
@@ -198,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     by_world_speed = defaultdict(list)
     by_world_cpu_speed = defaultdict(list)
     by_world_cont = defaultdict(list)
+    spread_by_world, share_by_world = defaultdict(list), defaultdict(list)
     for r in rows:
+        spread_by_world[r["world"]].append(r["spread"])
+        share_by_world[r["world"]].append(r["cpu_share"])
         by_world_cont[r["world"]].append(r["rel_err_contended"])
         by_world_speed[r["world"]].append(r["rel_err_speed"])
         by_world_cpu_speed[r["world"]].append(r["rel_err_cpu_speed"])
@@ -219,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                "contention": {str(k): v for k, v in slowdown_k.items()}, "contention_probe_s": probe_runs,
                "contention_bench_s": contention_s,
                "load_avg_start": la_start, "load_avg_end": loadavg(), "steps": args.steps, "warmup": args.warmup,
+               "rounds": args.rounds, "pin": args.pin,
+               "spread_per_world": {str(w): {"median": statistics.median(v), "max": max(v)} for w, v in
+                                    sorted(spread_by_world.items())},
+               "cpu_share_per_world": {str(w): statistics.median(v) for w, v in sorted(share_by_world.items())},
                "all": err_stats([r["rel_err"] for r in rows]), "rows": rows, "failed": failed,
                "comm_fits": [f.model_dump(exclude={"points", "cpu_points"}) for f in db.comm]}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -251,6 +296,13 @@ def render(p: dict) -> str:
            f"the collective benchmark {p['comm_bench_s']:.0f} s.\n",
            "## Relative error per process count (estimate / measured median - 1)\n",
            err_table(p["per_world"]),
+           f"\nRepeatability ({p.get('rounds', 1)} launches per world size, interleaved; pinned: "
+           f"{'yes' if p.get('pin') else 'no'}): spread (max - min) / median of a plan's round medians, and the "
+           "share of the cores the ranks' CPU time filled (CPU s per step / (wall s x min(ranks, cores))): "
+           "below 1 the ranks waited, for each other or for the other tenants' processes.\n",
+           md_table(["processes", "median spread", "max spread", "median CPU share"],
+                    [[w, fmt_pct(v["median"]), fmt_pct(v["max"]), fmt_pct(p["cpu_share_per_world"][w])]
+                     for w, v in p.get("spread_per_world", {}).items()]),
            "\nWith the contention micro-benchmark (a prediction: every rank's compute scaled by the speed "
            "probe's slowdown when as many processes as the plan has ranks run it at once, "
            "`arena_opt.profiling.speed.contention`; measured before any plan runs: "
@@ -275,13 +327,15 @@ def render(p: dict) -> str:
            "\n## Every plan\n",
            md_table(["model", "processes", "plan", "estimate s", "load-aware s", "measured s (median)", "min step s",
                      "error", "with contention s", "error with contention", "load-aware error", "speed",
-                     "at run speed s", "error at run speed", "other runnable", "CPU s est / meas"],
+                     "at run speed s", "error at run speed", "other runnable", "CPU s est / meas", "spread",
+                     "CPU share"],
                     [[r["arch"], r["world"], r["plan"], f"{r['estimate_s']:.3f}", f"{r['estimate_load_aware_s']:.3f}",
                       f"{r['measured_s']:.3f}", f"{r['measured_min_s']:.3f}", fmt_pct(r["rel_err"]),
                       f"{r['estimate_contended_s']:.3f}", fmt_pct(r["rel_err_contended"]),
                       fmt_pct(r["rel_err_load_aware"]), f"x{r['speed_ratio']:.2f}", f"{r['estimate_speed_s']:.3f}",
                       fmt_pct(r["rel_err_speed"]), f"{r['other_runnable']:.1f}",
-                      f"{r['estimate_cpu_s']:.2f} / {r['measured_cpu_s']:.2f}"] for r in p["rows"]]),
+                      f"{r['estimate_cpu_s']:.2f} / {r['measured_cpu_s']:.2f}", fmt_pct(r.get("spread")),
+                      fmt_pct(r.get("cpu_share"))] for r in p["rows"]]),
            "\nPlans the runners could not run: " + ("none" if not p["failed"] else "; ".join(
                f"{f['arch']} {f['plan']} on {f['world']} ({f['error'][-240:]})" for f in p["failed"])) + "\n",
            "\n## Collective fits (gloo, loopback)\n",

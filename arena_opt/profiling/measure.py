@@ -111,7 +111,7 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmup: int, threads: int,
-            out_path: str, device: str, coll_timeout_s: float = 180.0) -> None:
+            out_path: str, device: str, coll_timeout_s: float = 180.0, pin: bool = False) -> None:
     """One rank: every case in order, the same on all ranks. Rank 0 rewrites `out_path` after every
     case, so a launch that fails keeps what it measured; a collective that waits longer than
     `coll_timeout_s` (a plan the runtime cannot run, stuck in mismatched collectives) fails the rank."""
@@ -125,6 +125,9 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
     from runners.parallelize import parallelize
 
     torch.set_num_threads(threads)
+    if pin:  # rank r on core r mod cores: no migrations between the ranks' cores mid-step
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -167,7 +170,8 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
         ambient = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0 - float(ours)) / wall)
         results.append({"plan": plan.model_dump(), "model": arch.name, "batch": batch, "times": times,
                         "iter_s": statistics.median(times), "own_cpu_s": float(ours), "wall_s": wall,
-                        "ambient_cores": ambient, "probe_s": float(speed) / world, "window": [stamp0, stamp1]})
+                        "ambient_cores": ambient, "probe_s": float(speed) / world, "window": [stamp0, stamp1],
+                        "rank0_cores": sorted(os.sched_getaffinity(0))})
         del pm, opt
         dist.barrier()
         if rank == 0:
@@ -272,7 +276,8 @@ def measure_each(cases: list[Case], **kw) -> list[dict]:
 
 
 def measure(cases: list[Case], *, steps: int = 5, warmup: int = 2, threads: int = 1, device: str = "cpu",
-            timeout_s: float = 1800, coll_timeout_s: float = 180, case_timeout_s: float = 600) -> list[dict]:
+            timeout_s: float = 1800, coll_timeout_s: float = 180, case_timeout_s: float = 600,
+            pin: bool = False) -> list[dict]:
     """Run every case (all of one world size) in one launch; returns one result dict per case. Raises
     `LaunchFailed` (with the results of the cases measured before the failure) if a rank fails, or
     if no case finishes within `case_timeout_s` (a hung plan)."""
@@ -291,7 +296,8 @@ def measure(cases: list[Case], *, steps: int = 5, warmup: int = 2, threads: int 
             launch("arena_opt.profiling.measure", world,
                    ["--port", str(free_port()), "--cases", cases_path, "--steps", str(steps), "--warmup",
                     str(warmup), "--threads", str(threads), "--out", out, "--device", device, "--coll-timeout",
-                    str(coll_timeout_s)], timeout_s, sampler, progress=(out, case_timeout_s))
+                    str(coll_timeout_s), *(["--pin"] if pin else [])], timeout_s, sampler,
+                   progress=(out, case_timeout_s))
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             failure = e
         results = json.loads(Path(out).read_text()) if Path(out).is_file() else []
@@ -308,9 +314,10 @@ def _main() -> None:
                       ("--warmup", int), ("--threads", int), ("--out", str), ("--device", str)):
         ap.add_argument(name, type=typ, required=True)
     ap.add_argument("--coll-timeout", type=float, default=180.0)
+    ap.add_argument("--pin", action="store_true")
     a = ap.parse_args()
     _worker(a.rank, a.world, a.port, Path(a.cases).read_text(), a.steps, a.warmup, a.threads, a.out, a.device,
-            a.coll_timeout)
+            a.coll_timeout, a.pin)
 
 
 if __name__ == "__main__":
