@@ -106,6 +106,12 @@ class ArenaOptions(SolverOptions):
                              "at 173,000 binaries ran past 90 s with no LP iteration, on the level-1 model and "
                              "on its pure-capacity form alike, while at 58,000 it solves in about 4 s (gap 1e-2, "
                              "shared/MEASURED.md); None = always hand the model to HiGHS")
+    lp_certificate_max_grids: NonNegativeInt = Field(
+        20_000, description="rounds solved as arrays (backend highspy) with at most this many grids solve the LP "
+                            "relaxation first and skip the MIP when its optimum is integral or the greedy start is "
+                            "within mip_gap of its bound (milp/certify.py): in simulated Philly rounds that is 97% "
+                            "of them, at 3% of the MIP's time; 0 = off. Larger rounds go to the MIP directly: at "
+                            "170,000 binaries the relaxation alone takes seconds (bench/round_bound.py)")
     shards: PositiveInt = Field(1, description="split level 1 into this many independent job/node shards")
     backend: Literal["pyomo", "highspy"] = Field(
         "pyomo", description="pyomo: the model is built and solved through Pyomo; highspy: the same rows go to "

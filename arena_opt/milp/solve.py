@@ -198,7 +198,13 @@ def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: n
         h.passModel(lp)
         if start is not None:
             h.setSolution(len(start), np.arange(len(start), dtype=np.int32), np.asarray(start, dtype=float))
-        h.setOptionValue("time_limit", _left(time_limit_s, deadline))  # after the hand-off, which the deadline counts
+        limit = _left(time_limit_s, deadline)  # after the hand-off, which the deadline counts
+        if _is_lp(lp):
+            # HiGHS's LP solver measures its time limit on the instance's clock, which runs on over every
+            # solve of this process, the MIP solver from this run's start: an LP after some seconds of
+            # earlier solves stopped at once ("Time limit reached", measured with highspy 1.16)
+            limit += h.getRunTime()
+        h.setOptionValue("time_limit", limit)
         done = _run_until(h, deadline)
     finally:
         if _HIGHS is h:  # not on an abandoned instance that is still running
@@ -210,6 +216,12 @@ def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: n
     info = h.getInfo()
     has = info.primal_solution_status >= 2  # feasible point available
     return word, info, (np.asarray(h.getSolution().col_value) if has else None)
+
+
+def _is_lp(lp) -> bool:
+    import highspy
+
+    return all(v == highspy.HighsVarType.kContinuous for v in lp.integrality_)
 
 
 _LEFT_RUNNING = False  # a run was abandoned or interrupted: see solve_running

@@ -8,6 +8,7 @@ from dataclasses import replace
 from arena_opt.decision import SolverStats
 from arena_opt.grids import Grid, GridCatalog
 from arena_opt.milp.candidates import round_problem
+from arena_opt.milp.certify import WITHIN_GAP, relax
 from arena_opt.milp.greedy import greedy_start
 from arena_opt.milp.local import improve
 from arena_opt.milp.options import ArenaOptions
@@ -23,6 +24,11 @@ _AFTER_GREEDY = 1.3  # ... and at least this many times one greedy variant's wal
 #                      it chose on the same occupancy engine, then the decision is checked and written (10,000
 #                      jobs: one priced greedy 2.2 s CPU, placement + decision + check + write 3.1 s CPU), so one
 #                      greedy's time, measured under whatever load the host has now, predicts theirs
+
+
+_LP_SHARE = 0.25  # most of the time left that the LP relaxation may take before the greedy start and the MIP
+_PROVED = {"optimal": "the LP relaxation's optimum is integral: the MILP's optimum, MIP not run",
+           WITHIN_GAP: "greedy start within the gap of the LP relaxation's bound: MIP not run"}
 
 
 class ArenaPolicy(GridPolicy):
@@ -58,35 +64,14 @@ class ArenaPolicy(GridPolicy):
         backend = o.backend if o.pyomo_max_grids is None or len(p.grids) <= o.pyomo_max_grids else "highspy"
         # past highs_max_grids HiGHS's setup alone outlasts the limit: the greedy start, improved, decides
         heuristic = o.highs_max_grids is not None and len(p.grids) > o.highs_max_grids
-        start, skipped = None, False
+        start, skipped, solver = None, False, f"highs via {backend}"
         if sharded:
             res = self._solve_sharded(p, backend, deadline)
         else:
-            # the greedy selection (greedy_start: the best of a few orders), improved by local moves, as HiGHS's
-            # first incumbent: the search prunes from the root, and a round whose best move gains less than
-            # the gap keeps it; it is also the decision when the deadline passes before HiGHS has anything
-            t_greedy, runs = time.perf_counter(), []
-            if backend == "highspy":
-                # half of what is left at most for the greedy variants (the first alone where HiGHS is not run:
-                # local moves gain more in that time than other orders), then up to half of the rest for the
-                # local improvement, the rest for HiGHS
-                start = greedy_start(p, until=t_greedy if heuristic else t_greedy + (deadline - t_greedy) / 2,
-                                     runs_s=runs)
-                if runs:
-                    deadline = min(deadline, end - _AFTER_GREEDY * max(runs))
-                t = time.perf_counter()
-                start = improve(p, start, until=deadline if heuristic else t + (deadline - t) / 2)
-            skipped = not heuristic and time.perf_counter() >= deadline
-            if heuristic:
-                res = SolveResult(None, "not_run", None, None, None, 0.0, 0.0)
-            elif skipped:
-                res = SolveResult(None, "time_limit", None, None, None, 0.0, 0.0)
-            else:
-                res = solve_problem(p, time_limit_s=o.time_limit_s, mip_gap=o.mip_gap, threads=o.threads,
-                                    backend=backend, start=start, deadline=deadline)
-                if res.selection is not None and res.status != "optimal":
-                    res = _improved(p, res, until=deadline)
-        stats = SolverStats(solver=f"highs via {backend}", status=res.status, objective=res.objective, bound=res.bound,
+            res, start, skipped, proved = self._solve_whole(p, backend, heuristic, end, deadline)
+            if proved:
+                solver, note = "highs LP relaxation via highspy", "; ".join(filter(None, [note, proved]))
+        stats = SolverStats(solver=solver, status=res.status, objective=res.objective, bound=res.bound,
                             gap=res.gap, build_s=t_grids + res.build_s, solve_s=res.solve_s,
                             shards=o.shards if sharded else 1,
                             num_grids=len(p.grids), note=note)
@@ -109,6 +94,50 @@ class ArenaPolicy(GridPolicy):
                 if j not in kept and full.job_ids[j] not in reasons:
                     reasons[full.job_ids[j]] = "queued: jobs of higher value per GPU already fill the cluster"
         return chosen, reasons, stats
+
+    def _solve_whole(self, p: ClusterProblem, backend: str, heuristic: bool, end: float, deadline: float):
+        """One model for the whole round: (result, greedy start or None, whether the deadline passed before
+        HiGHS started, what proved the round without the MIP or None)."""
+        o = self.options
+        lp = None
+        if backend == "highspy" and not heuristic and len(p.grids) <= o.lp_certificate_max_grids:
+            # the LP relaxation first (milp/certify.py), with a quarter of the time left at most: on simulated
+            # rounds its optimum is mostly integral (the MILP's own), and then neither the greedy start nor
+            # the MIP is needed; otherwise its bound may still prove the greedy start optimal within the gap
+            t = time.perf_counter()
+            lp = relax(p, threads=o.threads, deadline=t + (deadline - t) * _LP_SHARE, time_limit_s=o.time_limit_s)
+            res = lp.optimum(p) if lp is not None else None
+            if res is not None:
+                return res, None, False, _PROVED["optimal"]
+        # the greedy selection (greedy_start: the best of a few orders), improved by local moves, as HiGHS's
+        # first incumbent: the search prunes from the root, and a round whose best move gains less than
+        # the gap keeps it; it is also the decision when the deadline passes before HiGHS has anything
+        t_greedy, runs, start = time.perf_counter(), [], None
+        if backend == "highspy":
+            # half of what is left at most for the greedy variants (the first alone where HiGHS is not run:
+            # local moves gain more in that time than other orders), then up to half of the rest for the
+            # local improvement, the rest for HiGHS
+            start = greedy_start(p, until=t_greedy if heuristic else t_greedy + (deadline - t_greedy) / 2,
+                                 runs_s=runs)
+            if runs:
+                deadline = min(deadline, end - _AFTER_GREEDY * max(runs))
+            t = time.perf_counter()
+            start = improve(p, start, until=deadline if heuristic else t + (deadline - t) / 2)
+        if lp is not None and start is not None:
+            res = lp.certify(p, start, o.mip_gap)
+            if res is not None:
+                return res, start, False, _PROVED[WITHIN_GAP]
+        if heuristic:
+            return SolveResult(None, "not_run", None, None, None, 0.0, 0.0), start, False, None
+        if time.perf_counter() >= deadline:
+            return SolveResult(None, "time_limit", None, None, None, 0.0, 0.0), start, True, None
+        res = solve_problem(p, time_limit_s=o.time_limit_s, mip_gap=o.mip_gap, threads=o.threads, backend=backend,
+                            start=start, deadline=deadline)
+        if lp is not None:  # the relaxation that proved nothing counts as model time
+            res.build_s += lp.build_s + lp.solve_s
+        if res.selection is not None and res.status != "optimal":
+            res = _improved(p, res, until=deadline)
+        return res, start, False, None
 
     def _solve_sharded(self, p: ClusterProblem, backend: str, deadline: float) -> SolveResult:
         o = self.options

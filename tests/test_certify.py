@@ -1,0 +1,86 @@
+"""The LP relaxation as a certificate of the greedy start (milp/certify.py): what it returns is feasible,
+optimal within the gap it was given (brute force on tiny rounds), and the policy reports it as such."""
+
+import pytest
+
+from arena_opt.feasibility import check_decision
+from arena_opt.grids import enumerate_grids
+from arena_opt.instances import generate_snapshot
+from arena_opt.milp.certify import WITHIN_GAP, relax
+from arena_opt.milp.greedy import greedy_start
+from arena_opt.milp.options import ArenaOptions
+from arena_opt.milp.problem import build_problem
+from arena_opt.policies.arena import ArenaPolicy
+from test_milp import EST, TINY_MODELS, all_selections, shared_nodes, tiny
+
+
+def rounds():
+    for seed in range(8):
+        snap = tiny(seed, jobs=4)
+        yield snap, ArenaOptions(max_gpus_per_job=4)
+    for seed in range(3):
+        yield shared_nodes(seed)
+
+
+@pytest.mark.parametrize("gap", [0.0, 1e-3, 0.05])
+def test_certificate_is_optimal_within_its_gap(gap):
+    seen = {"optimal": 0, WITHIN_GAP: 0, None: 0}
+    for snap, opts in rounds():
+        p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), opts)
+        best = max(p.objective(s) for s in all_selections(p) if p.feasible(s))
+        start = greedy_start(p)
+        lp = relax(p, threads=1)
+        assert lp.bound >= best - 1e-6  # an upper bound on every feasible selection
+        r = lp.optimum(p) or lp.certify(p, start, gap)
+        seen[None if r is None else r.status] += 1
+        if r is None:
+            continue
+        assert p.feasible(r.selection)
+        assert r.objective == pytest.approx(p.objective(r.selection), rel=1e-9, abs=1e-9)
+        assert best - r.objective <= gap * abs(r.objective) + 1e-6
+        assert r.gap == pytest.approx(max(0.0, r.bound - r.objective) / max(abs(r.objective), 1e-9))
+        if r.status == "optimal":
+            assert r.objective == pytest.approx(best, rel=1e-6, abs=1e-6)
+        else:
+            assert r.selection == start and r.gap <= gap
+    assert seen["optimal"] > 0  # the relaxation is integral on some of these rounds ...
+    if gap == 0.0:
+        assert seen[None] > 0  # ... and at no gap it proves nothing on others, which the MIP then solves
+    if gap == 0.05:
+        assert seen[WITHIN_GAP] > 0  # a fractional optimum whose bound proves the greedy start
+
+
+def test_policy_with_certificate_decides_within_the_gap():
+    """Rounds with and without running jobs and deadlines: where the relaxation proves the round, the MIP is
+    not run and the decision says so; either way it is feasible and within the gap of the MIP's."""
+    used = set()
+    for seed in range(4):
+        for running, deadlines in ((0.0, 0.0), (0.3, 0.0), (0.6, 0.5)):
+            snap = generate_snapshot({"a100": (4, 4), "a10": (4, 2)}, 6, seed=seed, running_fraction=running,
+                                     deadline_fraction=deadlines, models=TINY_MODELS)
+            opts = dict(backend="highspy", mip_gap=1e-3, max_gpus_per_job=4)
+            on = ArenaPolicy(ArenaOptions(**opts), estimator=EST).decide(snap)
+            off = ArenaPolicy(ArenaOptions(lp_certificate_max_grids=0, **opts), estimator=EST).decide(snap)
+            check_decision(snap, on)
+            s = on.stats
+            assert s.status in ("optimal", WITHIN_GAP) and not s.fallback
+            assert s.bound is not None and s.gap is not None and s.gap <= 1e-3
+            assert s.objective >= off.stats.objective - 1e-3 * abs(off.stats.objective) - 1e-9
+            assert s.bound >= off.stats.objective - 1e-6
+            certified = "LP relaxation" in s.solver
+            assert certified == ("MIP not run" in (s.note or ""))
+            assert "LP relaxation" not in off.stats.solver
+            used.add(s.status if certified else "mip")
+    assert {"optimal", "mip"} <= used  # both paths run on these rounds (the start's certificate: above)
+
+
+def test_relaxation_solves_after_earlier_solves_ran_past_its_time_limit():
+    """HiGHS's LP solver counts its time limit on the instance's clock, which every earlier solve of the
+    process advances: run_highs gives an LP its limit from now."""
+    from arena_opt.milp.solve import _highs, solve_problem
+
+    snap, opts = shared_nodes(0)
+    p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), opts)
+    while _highs().getRunTime() < 0.3:
+        solve_problem(p, time_limit_s=10, mip_gap=0.0, threads=1, backend="highspy")
+    assert relax(p, threads=1, time_limit_s=0.25) is not None
