@@ -145,21 +145,47 @@ def save(module: nn.Module, optim: torch.optim.Optimizer, step: int, ckpt_dir: s
     dist.barrier()
     state = {"model": get_model_state_dict(module),
              "optim": get_optimizer_state_dict(module, optim)["state"]}
-    dcp.save(state, checkpoint_id=str(tmp))  # fsyncs every file it writes
-    dist.barrier()
-    names = _files(tmp)
-    mine = {n: {"size": (tmp / n).stat().st_size, "sha256": _sha256(tmp / n)} for n in names[rank::world]}
-    shares: list = [None] * world
-    dist.all_gather_object(shares, mine)
+    try:
+        dcp.save(state, checkpoint_id=str(tmp))  # fsyncs every file it writes
+        dist.barrier()
+        names = _files(tmp)
+        mine = {n: {"size": (tmp / n).stat().st_size, "sha256": _sha256(tmp / n)} for n in names[rank::world]}
+        shares: list = [None] * world
+        dist.all_gather_object(shares, mine)
+        if rank == 0:
+            files = {k: v for s in shares for k, v in s.items()}
+            atomic_write(tmp / MANIFEST, json.dumps({**meta, "step": step, "time": time.time(), "files": files},
+                                                    indent=1))
+            _commit(tmp, final)
+    except BaseException as e:
+        # a full disk (DCP raises it wrapped, on every rank): the partial shards go at once, not at the next
+        # save, so the space they took is there for the jobs that share the file system; the committed
+        # checkpoints, `latest` included, are as they were
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise SaveError(_save_failure(step, ckpt_dir, e)) from e
     if rank == 0:
-        files = {k: v for s in shares for k, v in s.items()}
-        atomic_write(tmp / MANIFEST, json.dumps({**meta, "step": step, "time": time.time(), "files": files},
-                                                indent=1))
-        _commit(tmp, final)
         atomic_write(ckpt_dir / LATEST, final.name)
         _prune(ckpt_dir, keep, final)
     dist.barrier()
     return final, time.perf_counter() - t0
+
+
+class SaveError(RuntimeError):
+    """A checkpoint save that failed; the committed checkpoints are untouched."""
+
+
+def _save_failure(step: int, ckpt_dir: Path, e: BaseException) -> str:
+    # torch reports a full disk inside a zip writer as "unexpected pos 704 vs 598": say what the disk has
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    try:
+        free = f"{shutil.disk_usage(ckpt_dir).free / 2**20:.1f} MiB free there"
+    except OSError as err:
+        free = f"free space unknown: {err.strerror}"
+    return (f"checkpoint save of step {step} to {ckpt_dir} failed ({free}): {type(e).__name__}: "
+            f"{lines[-1] if lines else e!r}; the committed checkpoints are unchanged")
 
 
 def _commit(tmp: Path, final: Path) -> None:

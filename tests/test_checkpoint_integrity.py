@@ -134,3 +134,37 @@ def test_a_step_saved_again_replaces_the_old_copy(group, tmp_path):
     assert [s for s, _ in ck.committed(d)] == [2] and ck.verify(d / "step_000000002") is None
     step, m2, _, _, _ = _load(d)
     assert step == 2 and all(torch.equal(a, b) for a, b in zip(_weights(m2), _weights(m)))
+
+
+def test_full_disk_during_a_save_keeps_the_committed_checkpoint_and_frees_the_partial_one(group, tmp_path):
+    """A save that hits ENOSPC (a real 200 KiB tmpfs; skipped where none can be mounted) fails, removes its
+    partial shards at once, and leaves the previous checkpoint committed, intact, `latest` and loadable."""
+    import subprocess
+
+    d = tmp_path / "disk"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(d)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        torch.manual_seed(0)
+        m = nn.Linear(96, 96)  # ~37 KiB of weights, ~124 KiB a checkpoint with AdamW state: one fits, two do not
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        ckdir = d / "ckpt"
+        m(torch.randn(2, 96)).sum().backward()
+        opt.step()
+        ck.save(m, opt, 1, ckdir, {"samples": 4}, keep=2)
+        saved = [p.detach().clone() for p in m.parameters()]
+        m(torch.randn(2, 96)).sum().backward()
+        opt.step()
+        with pytest.raises(ck.SaveError, match=r"save of step 2 to .* failed \(0\.\d MiB free there\).*unchanged"):
+            ck.save(m, opt, 2, ckdir, {"samples": 8}, keep=2)
+        assert sorted(p.name for p in ckdir.iterdir()) == [ck.LATEST, ck.step_name(1)]  # nothing partial left
+        assert (ckdir / ck.LATEST).read_text().strip() == ck.step_name(1)
+        assert ck.verify(ckdir / ck.step_name(1)) is None
+        m2 = nn.Linear(96, 96)
+        step, _, _, skips, _ = ck.load_newest_intact(m2, torch.optim.AdamW(m2.parameters(), lr=1e-2), ckdir)
+        assert step == 1 and not skips
+        assert all(torch.equal(a, b) for a, b in zip(saved, m2.parameters()))
+    finally:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
