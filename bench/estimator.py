@@ -1,7 +1,9 @@
 """Analytical estimator vs Arena's measured best-plan iteration times (`alpa_optimal`), calibrated
 leave-one-GPU-type-out.
 
-    python bench/estimator.py [--table PATH] [--out bench/results]
+    python bench/estimator.py [--table PATH] [--out bench/results] [--jobs N]
+    python bench/estimator.py --loto-only [--types a100-40gb,a40] [--jobs N]   (iteration loop: prints
+        the leave-one-type-out summary of those folds, writes nothing)
 
 For each GPU type T: fit the cost model (`arena_opt.perf.calibrate.fit`) on the other three types,
 then predict T's rows. T's compute efficiency is the fit's shared efficiency (a fraction of T's
@@ -85,7 +87,12 @@ def arena_reference(path: Path, obs: list[cal.Observation]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = table_parser(__doc__).parse_args(argv)
+    ap = table_parser(__doc__)
+    ap.add_argument("--jobs", type=int, default=1, help="fit the folds in this many processes (same results)")
+    ap.add_argument("--loto-only", action="store_true",
+                    help="only the leave-one-type-out folds; print their summary, write no result")
+    ap.add_argument("--types", default=None, help="with --loto-only: comma-separated held-out types")
+    args = ap.parse_args(argv)
     path = table_path(args.table)
     if path is None:
         return 2
@@ -93,6 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     obs = cal.observations(PerfTable.load(path, "alpa_optimal"))
     types = sorted({o.gpu_type for o in obs})
     log(f"{len(obs)} measured rows, GPU types {types}")
+
+    if args.loto_only:
+        held = args.types.split(",") if args.types else None
+        unknown = sorted(set(held or ()) - set(types))
+        if unknown:
+            print(f"--types: no measured rows of {', '.join(unknown)} (have {', '.join(types)})", file=sys.stderr)
+            return 2
+        print(loto_summary(obs, cal.leave_one_type_out(obs, ARENA_BASE, held=held, jobs=args.jobs)))
+        return 0
 
     # uncalibrated defaults (what the estimator uses without a calibration)
     default_pred = [t for t, _ in cal.predict(obs, ARENA_BASE, cal.ARENA_SPACE)]
@@ -110,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     fold_params = {}
     t0 = time.perf_counter()
-    folds = cal.leave_one_type_out(obs, ARENA_BASE)  # each fit sees the other types' rows only
+    folds = cal.leave_one_type_out(obs, ARENA_BASE, jobs=args.jobs)  # each fit sees the other types' rows only
     log(f"{len(folds)} leave-one-type-out fits, {time.perf_counter() - t0:.0f} s")
     by_key = {}
     for space_name, space in (("reference", cal.ARENA_SPACE), ("planner", cal.PLANNER_SPACE)):
@@ -156,6 +172,26 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     log(f"wrote {jp} and {mp}")
     return 0
+
+
+def loto_summary(obs: list[cal.Observation], folds: dict[str, cal.FitResult]) -> str:
+    """One line per plan space and group (all, each held-out type) of the given folds' rows."""
+    lines = []
+    for space_name, space in (("reference", cal.ARENA_SPACE), ("planner", None)):
+        sel, pred = [], []
+        for held, res in folds.items():
+            test = [o for o in obs if o.gpu_type == held]
+            sel += test
+            pred += (planner_predictions(test, res.params) if space is None
+                     else [t for t, _ in cal.predict(test, res.params, space)])
+        g = grouped(sel, rel_errors(sel, pred))
+        for name, st in [("all", g["all"])] + [(f"gpu_type={k}", v) for k, v in g["gpu_type"].items()]:
+            lines.append(f"{space_name:9s} {name:22s} n={st['n']:3d} median {fmt_pct(st['median'])} "
+                         f"p90 {fmt_pct(st['p90'])} signed {fmt_pct(st['median_signed'])}")
+    knobs = {k: (v.params.microbatch_overhead_s, v.params.recompute_cost) for k, v in folds.items()}
+    lines.append("knob prices per fold (micro-batch slot s, recompute share): "
+                 + "; ".join(f"{k} {a * 1e3:.2f} ms, {b:.2f}" for k, (a, b) in knobs.items()))
+    return "\n".join(lines)
 
 
 def render(p: dict) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -130,6 +131,12 @@ class _Candidates:
     covered: np.ndarray  # observations with at least one feasible plan
     plans: list[Plan]  # plan index -> plan
 
+    def __post_init__(self):
+        # first stage row of each plan and first plan of each covered observation (both arrays are sorted)
+        self.stage_start = np.flatnonzero(np.r_[True, np.diff(self.plan_of_stage) != 0])
+        self.plan_start = np.flatnonzero(np.r_[True, np.diff(self.obs_of_plan) != 0])
+        self.obs_with_plans = self.obs_of_plan[self.plan_start] if self.plans else self.plan_start
+
 
 def _enumerate(obs: list[Observation], params: CostParams, space: RuntimeSpace) -> _Candidates:
     rows, plan_of_stage, obs_of_plan, plans = [], [], [], []
@@ -180,22 +187,31 @@ def _rate_keys(obs: list[Observation], params: CostParams, per_type: bool) -> li
 
 
 def _rate_rows(keys: list[tuple[str, str, str, str]], params: CostParams) -> np.ndarray:
+    uniq, index = _key_index(tuple(keys))
+    return np.stack([rate_vector(params, *k) for k in uniq])[index]
+
+
+@lru_cache(maxsize=16)
+def _key_index(keys: tuple) -> tuple[list, np.ndarray]:
     uniq = sorted(set(keys))
-    table = np.stack([rate_vector(params, *k) for k in uniq])
-    return table[[uniq.index(k) for k in keys]]
+    pos = {k: i for i, k in enumerate(uniq)}
+    return uniq, np.array([pos[k] for k in keys])
 
 
 def _plan_times(c: _Candidates, rate_rows: np.ndarray) -> np.ndarray:
-    obs_of_stage = c.obs_of_plan[c.plan_of_stage]
-    stage_t = np.einsum("ij,ij->i", c.coef, rate_rows[obs_of_stage])
-    plan_t = np.full(len(c.plans), -np.inf)
-    np.maximum.at(plan_t, c.plan_of_stage, stage_t)
-    return plan_t
+    if not c.plans:
+        return np.full(0, -np.inf)
+    stage_t = np.einsum("ij,ij->i", c.coef, rate_rows[c.obs_of_plan[c.plan_of_stage]])
+    # _enumerate appends each plan's stage rows together and the plans of one observation together,
+    # so both reductions run over contiguous runs (reduceat: several times faster than ufunc.at, which
+    # the fit's objective spent most of its time in)
+    return np.maximum.reduceat(stage_t, c.stage_start)
 
 
 def _fastest(c: _Candidates, rate_rows: np.ndarray) -> np.ndarray:
     obs_t = np.full(c.num_obs, np.inf)
-    np.minimum.at(obs_t, c.obs_of_plan, _plan_times(c, rate_rows))
+    if c.plans:
+        obs_t[c.obs_with_plans] = np.minimum.reduceat(_plan_times(c, rate_rows), c.plan_start)
     return obs_t
 
 
@@ -391,17 +407,27 @@ def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | 
     return FitResult(params=params, shared_params=shared, loss=loss, fitted=names)
 
 
-def leave_one_type_out(obs: list[Observation], base: CostParams | None = None,
-                       spec: FitSpec | None = None) -> dict[str, FitResult]:
+def _fold(args: tuple) -> FitResult:
+    held, obs, base, spec = args
+    res = fit([o for o in obs if o.gpu_type != held], base, spec)
+    if held in res.params.compute_eff:
+        raise AssertionError(f"fold {held}: the held-out type got its own efficiency")
+    return res
+
+
+def leave_one_type_out(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | None = None,
+                       held: list[str] | None = None, jobs: int = 1) -> dict[str, FitResult]:
     """One fit per GPU type T on the rows of the other types only: T's rows never reach its fit, and T
-    is priced with the shared efficiency (out-of-sample for an unseen type)."""
-    out = {}
-    for held in sorted({o.gpu_type for o in obs}):
-        res = fit([o for o in obs if o.gpu_type != held], base, spec)
-        if held in res.params.compute_eff:
-            raise AssertionError(f"fold {held}: the held-out type got its own efficiency")
-        out[held] = res
-    return out
+    is priced with the shared efficiency (out-of-sample for an unseen type). `held`: only these folds;
+    `jobs` > 1 fits folds in that many processes (the folds are independent: same results)."""
+    types = sorted({o.gpu_type for o in obs}) if held is None else sorted(held)
+    work = [(t, obs, base, spec) for t in types]
+    if jobs > 1 and len(work) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(jobs, len(work))) as pool:
+            return dict(zip(types, pool.map(_fold, work)))
+    return {t: _fold(w) for t, w in zip(types, work)}
 
 
 @dataclass(frozen=True)
