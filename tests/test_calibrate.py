@@ -128,3 +128,25 @@ def test_leave_one_type_out_never_sees_the_held_out_type():
     held = [r for r in res if r.obs.gpu_type == "a40"]
     assert held[0].predicted_s == pytest.approx(cal.predict([held[0].obs], folds["a40"].params,
                                                             cal.ARENA_SPACE)[0][0])
+
+
+def test_microbatch_slot_cost_scales_with_the_gpu_peak():
+    p = CostParams(microbatch_overhead_s=5e-3)
+    arch = get_arch("bert-760M")
+    slow = BUILTIN_GPUS["a40"].model_copy(update={"peak_tflops": 100.0})
+    fast = slow.model_copy(update={"peak_tflops": 400.0})
+    kw = dict(nodes=1, gpus_per_node=2, batch=64, dp=2, tp=1, m=4, recompute=False, params=p)
+    table = cost_table(arch, p)
+    at_ref = layer_costs(table, slow, "a40", links_for(slow, None, p), **kw)
+    at_fast = layer_costs(table, fast, "a40", links_for(fast, None, p), **kw)
+    assert at_ref.microbatch_s == pytest.approx(5e-3) and at_fast.microbatch_s == pytest.approx(5e-3 / 4)
+
+
+def test_folds_in_processes_equal_folds_in_sequence():
+    spec = cal.FitSpec(per_type=False, fit_globals=("mem_eff",), rounds=1, envelope_space=None)
+    measured = [cal.Observation(o.arch, o.batch, o.gpu_type, o.gpu, o.intra_link, o.nodes, o.gpus_per_node, 2.0)
+                for o in CASES]
+    one = cal.leave_one_type_out(measured, CostParams(), spec, held=["a10", "a40"])
+    two = cal.leave_one_type_out(measured, CostParams(), spec, held=["a10", "a40"], jobs=2)
+    assert sorted(one) == ["a10", "a40"]
+    assert {k: v.params for k, v in one.items()} == {k: v.params for k, v in two.items()}

@@ -35,6 +35,8 @@ GIB = 1024 ** 3
 BYTES_PER_PARAM_TRAIN = 2 + 2 + 12
 # element-wise traffic of a forward pass per stored activation byte: written once, read once
 EW_TRAFFIC_PER_ACT_BYTE = 2.0
+# dense fp16 TFLOP/s of the GPU on which `microbatch_overhead_s` is the slot's cost
+MICROBATCH_REF_TFLOPS = 100.0
 
 Dtype = Literal["fp16", "bf16", "fp32"]
 RATE_NAMES = ("compute", "memory", "launch", "intra", "inter", "fixed", "saturation", "recompute", "microbatch")
@@ -61,8 +63,9 @@ class CostParams(BaseModel):
     layer_overhead_s: float = Field(40e-6, ge=0, description="kernel launches per layer and pass")
     microbatch_overhead_s: float = Field(0.0, ge=0, description=(
         "fixed cost of one micro-batch slot on one stage whatever its layers: the pipeline runtime's "
-        "per-micro-batch dispatch, send/recv synchronisation, per-step bookkeeping; paid (m + pp - 1) "
-        "times per stage, so many small micro-batches are not free"))
+        "per-micro-batch kernels, send/recv synchronisation, per-step bookkeeping; paid (m + pp - 1) "
+        "times per stage, so many small micro-batches are not free; seconds on a GPU of "
+        "MICROBATCH_REF_TFLOPS dense fp16 TFLOP/s, a GPU of peak P pays MICROBATCH_REF_TFLOPS / P of it"))
     recompute_cost: float = Field(1.0, gt=0, le=1.5, description=(
         "matrix-product work of rematerialisation, as a fraction of one forward pass (1 = the whole forward "
         "is redone; less where the runtime keeps some activations or overlaps the recomputation); what "
@@ -271,7 +274,11 @@ def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gp
     act = np.broadcast_to(np.where(rc, q.in_act, q.full_act), lead + (n,))
     transient = np.broadcast_to(np.where(rc, q.full_act, 0.0), lead + (n,))
     microbatch = np.zeros(lead + (V,))
-    microbatch[..., 8] = 1.0
+    # the slot's fixed work runs on the GPU (per-micro-batch kernels, buffer copies, the boundary's
+    # resharding), so a faster GPU pays less of it: microbatch_overhead_s is its time on a GPU of
+    # MICROBATCH_REF_TFLOPS. Measured: priced in seconds whatever the GPU, the fit without the A100 rows
+    # takes 40 ms a slot and over-prices the A100 by 20% (bench/results/estimator.md)
+    microbatch[..., 8] = MICROBATCH_REF_TFLOPS / gpu.peak_tflops
     return LayerTerms(step, p2p, ar, optim, static, act, transient, microbatch)
 
 
