@@ -11,9 +11,11 @@ here is registered for an exit-time sweep.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -66,6 +68,10 @@ def pid_alive(pid: int) -> bool:
     return stat[stat.rindex(b")") + 2:][:1] != b"Z"
 
 
+def _term_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class Proc:
     def __init__(self, argv: list[str] | tuple[str, ...], env: dict[str, str], log_path: str | Path,
                  cwd: str | Path | None = None) -> None:
@@ -73,8 +79,14 @@ class Proc:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.started = time.time()
+        # own session (a signal to the runner's group must not hit the job), but SIGTERM when the runner dies:
+        # torchrun passes it on, every rank saves and exits, so a killed runner leaves no launch running beside
+        # the next runner's. The kernel ties PDEATHSIG to the forking *thread*: only set from the main thread,
+        # where it means the process
+        pdeath = _term_with_parent if threading.current_thread() is threading.main_thread() else None
         self.popen = subprocess.Popen(list(argv), env={**os.environ, **env}, cwd=cwd, stdout=self._log,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=pdeath)
         self.pid = self.popen.pid
         self._known: dict[int, int | None] = {}  # pid -> start time
         _LIVE.add(self)

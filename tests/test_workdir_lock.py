@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,50 @@ def test_cli_run_on_a_workdir_in_use_exits_2_and_starts_nothing(tmp_path):
     assert p.returncode == 2, p.stderr
     assert "in use by another arena-opt runner" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "w" / "jobs").exists()  # no job directory, no launch
+
+
+_KILLED_LOCAL_RUNNER = """
+import sys, time
+from arena_opt.decision import Decision, JobDecision
+from arena_opt.plan import Plan
+from runners.base import JobSpec
+from runners.local import LocalRunner
+r = LocalRunner(sys.argv[1], device="cpu")
+r.add_job(JobSpec(job_id="k", model="gpt-350M", global_batch=4, total_steps=5000, step_delay_s=0.3))
+r.apply(Decision(policy="t", jobs=[JobDecision(job_id="k", action="start", gpu_type="cpu", num_gpus=1,
+                                               placement={"n0": [0]}, plan=Plan(dp=1))]))
+while True:
+    st = {o.job_id: o for o in r.status()}["k"]
+    if st.step >= 3:
+        print("step", st.step, flush=True)
+        time.sleep(600)
+    time.sleep(0.2)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_local_runner_takes_its_launches_down_saving(tmp_path):
+    """SIGKILL of the runner: torchrun gets SIGTERM from the kernel (PDEATHSIG), every rank saves and exits,
+    so nothing runs on beside the next runner, and the next launch resumes from that save."""
+    from runners import checkpoint as ck
+    from runners.managed import job_root
+    from runners.process import descendants, pid_alive
+
+    work = tmp_path / "w"
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_LOCAL_RUNNER, str(work)], stdout=subprocess.PIPE, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = p.stdout.readline().split()
+        assert line and line[0] == "step", "the runner never reported 3 steps"
+        seen = int(line[1])
+        kids = descendants(p.pid)
+        assert kids  # torchrun and its worker
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    deadline = time.time() + 90
+    while time.time() < deadline and any(pid_alive(k) for k in kids):
+        time.sleep(0.5)
+    assert not [k for k in kids if pid_alive(k)], "the launch outlived its runner"
+    saved = ck.newest_complete(job_root(work, "k") / "ckpt")
+    assert saved is not None and saved[0] >= seen, saved  # the ranks saved on the way out
