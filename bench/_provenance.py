@@ -33,6 +33,7 @@ from arena_opt.sourcetree import module_name, reachable, sources
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = "bench/results"
 TREE = ("arena_opt", "models", "runners", "bench")
+DATA_SUFFIXES = (".json", ".toml", ".yaml", ".csv")
 RECORDERS = frozenset({"bench/_provenance.py", "arena_opt/sourcetree.py"})
 _STARTED = time.monotonic()  # imported at a bench's start (through _perf_common or directly)
 _LOAD_AT_START = os.getloadavg()
@@ -90,7 +91,18 @@ def code_files(script: str | Path, loaded: bool = True) -> list[str]:
         f = getattr(mod, "__file__", None)
         if f and (r := _rel(f)) in tree and r not in RECORDERS:
             files.add(r)
-    return sorted(files)
+    return sorted(files | package_data(files))
+
+
+def package_data(files: set[str]) -> set[str]:
+    """The data files shipped beside the package modules among `files` (arena_opt/perf/band.json): the
+    code reads them by path, which no import walk sees, and a result depends on them as on code."""
+    out = set()
+    for d in {Path(f).parent for f in files if f.endswith(".py") and not f.startswith("bench/")}:
+        for p in (ROOT / d).iterdir():
+            if p.is_file() and p.suffix in DATA_SUFFIXES and not p.name.startswith("."):
+                out.add(_rel(p))
+    return out
 
 
 def _git(*args: str) -> str | None:

@@ -4,6 +4,7 @@ what dry-run prints is what the other backends execute."""
 
 from __future__ import annotations
 
+import random
 import shlex
 import socket
 import sys
@@ -38,8 +39,40 @@ def torchrun_exe() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
 
 
+# Ports handed out by this process, newest last: two launches started together must not get the same one
+_HANDED: list[int] = []
+_LOW_PORT = 20000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A port for a rendezvous, free on `host` now. Drawn below the ephemeral range, not from bind(0):
+    a port bind(0) returns is released at once and is exactly the kind the kernel hands to the next
+    outgoing connection (every gloo/TCPStore client on the host makes such connections), so a launch
+    could lose it before torchrun binds it. Never one this process handed out recently."""
+    lo, _ = _ephemeral_range()
+    top = lo - 1 if lo - 1 > _LOW_PORT + 1000 else 32767
+    rng = random.Random()  # not the global one: callers seed that for their experiments
+    for _ in range(200):
+        port = rng.randint(_LOW_PORT, top)
+        if port in _HANDED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue  # taken
+        _HANDED.append(port)
+        del _HANDED[:-256]
+        return port
+    with socket.socket() as s:  # a host with the whole low range in use: fall back to the kernel's pick
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -92,36 +92,29 @@ def sbatch_script(launches: list[NodeLaunch], gres: dict[str, str], *, name: str
 
 
 class Controller:
-    """Whether slurmctld answers, as the runner last found out (checked at most every CHECK_S seconds:
-    each query to a controller that is down waits out Slurm's MessageTimeout first)."""
-
-    CHECK_S = 2.0
+    """Whether slurmctld answers, and the lost/back events when that changes. Asked before every query
+    that has a fallback: a ping costs ~20 ms, while a query to a controller that is down waits out
+    Slurm's MessageTimeout first (measured 63 s per status call before this check)."""
 
     def __init__(self, emit) -> None:
         self._emit = emit  # (kind, message, **details)
         self.down_since: float | None = None
-        self._checked = 0.0
-        self._up = True
 
-    def up(self, fresh: bool = False) -> bool:
+    def up(self) -> bool:
         now = time.time()
-        if fresh or now - self._checked >= self.CHECK_S:
-            self._checked = now
-            up = controller_up()
-            if not up and self.down_since is None:
-                self.down_since = now
-                self._emit("controller_lost", "slurmctld does not answer: launches keep running on their nodes; "
-                           "the runner keeps what Slurm said last and waits")
-            elif up and self.down_since is not None:
-                self._emit("controller_back", f"slurmctld answers again after {now - self.down_since:.0f} s",
-                           outage_s=now - self.down_since)
-                self.down_since = None
-            self._up = up
-        return self._up
+        up = controller_up()
+        if not up and self.down_since is None:
+            self.down_since = now
+            self._emit("controller_lost", "slurmctld does not answer: launches keep running on their nodes; "
+                       "the runner keeps what Slurm said last and waits")
+        elif up and self.down_since is not None:
+            self._emit("controller_back", f"slurmctld answers again after {now - self.down_since:.0f} s",
+                       outage_s=now - self.down_since)
+            self.down_since = None
+        return up
 
     def explains(self) -> bool:
         """After a failed query: whether the controller being down explains it."""
-        self._checked = 0.0
         return not self.up()
 
 
@@ -140,7 +133,7 @@ class SlurmLaunch(LaunchHandle):
     def states(self) -> set[str]:
         """Slurm states of the components; empty once Slurm forgot the job."""
         c = self.controller
-        if c is not None and self._last is not None and not c.up(fresh=True):  # a ping: ~20 ms
+        if c is not None and self._last is not None and not c.up():
             return self._last
         try:
             out = slurm("squeue", "-h", "-j", self.slurm_id, "-o", "%T")
@@ -208,6 +201,7 @@ class SlurmRunner(ManagedRunner):
         self.partition = partition
         self._view: SlurmView | None = None
         self._view_t = 0.0
+        self._first_view: SlurmView | None = None
         self.controller = Controller(lambda kind, msg, **kw: self._emit(kind, None, msg, **kw))
 
     # ------------------------------------------------------------------ what Slurm shows
@@ -217,7 +211,7 @@ class SlurmRunner(ManagedRunner):
 
     def view(self, max_age_s: float = 0.5) -> SlurmView:
         if self._view is None or time.time() - self._view_t > max_age_s:
-            if self._view is not None and not self.controller.up(fresh=True):  # a ping: ~20 ms
+            if self._view is not None and not self.controller.up():
                 return self._view  # what Slurm said last, until it answers again
             try:
                 self._view = read_view(self.gpu_map, self.partition, own=self._own)
@@ -240,14 +234,21 @@ class SlurmRunner(ManagedRunner):
     def _stop_leftovers(self, j: _Job) -> None:
         """Stop (saving) what an earlier runner of this work directory left running for this job: the
         job is not running here yet, so every live Slurm job working in its directory is such a launch."""
+        if self._first_view is None:
+            # one read for every job added: the workdir lock means no runner of this directory has
+            # launched anything since this one started, so a leftover is already in the first view
+            self._first_view = self.view(max_age_s=0)
         root = str(j.root.resolve())
-        left = [v for v in self.view(max_age_s=0).jobs.values()
+        left = [v for v in self._first_view.jobs.values()
                 if v.components[0].current_working_directory == root
                 and not {c.state for c in v.components} <= TERMINAL]
         for v in left:
             h = SlurmLaunch(str(v.slurm_id), [], [])
+            if not (st := h.states()) or st <= TERMINAL:
+                continue  # ended on its own since the first view
             h.terminate(self.stop_timeout_s)
-            gone = not h.states() or h.states() <= TERMINAL
+            st = h.states()
+            gone = not st or st <= TERMINAL
             self._emit("exit", j, f"Slurm job {v.slurm_id} ({v.name}), a launch an earlier runner left running, "
                        + ("stopped: its ranks saved; the job resumes from its newest checkpoint" if gone
                           else "did not stop within the stop timeout"),

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runners.launch import free_port
+
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel")
 INSTALL_HINT = "apt-get update && apt-get install -y slurm-wlm munge (as root)"
 
@@ -45,12 +47,6 @@ def unavailable_reason() -> str | None:
     except KeyError:
         return f"user munge missing: {INSTALL_HINT}"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _exe(name: str) -> str:
@@ -101,7 +97,7 @@ class SlurmCluster:
         lines = [
             "ClusterName=arenatest",
             f"SlurmctldHost={host}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
             "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={mdir / 'munge.socket'}",
             "SlurmUser=root", "SlurmdUser=root",
             f"StateSaveLocation={r / 'state'}", f"SlurmdSpoolDir={r / 'spool'}/%n",
@@ -118,7 +114,7 @@ class SlurmCluster:
         gres = ["AutoDetect=off"]
         dev = 0
         for name, (gtype, n, rack) in self.nodes.items():
-            lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=8 "
+            lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs=8 "
                          f"RealMemory=8000 Gres=gpu:{gtype}:{n} Feature=rack_{rack},pcie State=UNKNOWN")
             gres.append(f"NodeName={name} Name=gpu Type={gtype} File=/dev/tty[{dev}-{dev + n - 1}]")
             dev += n

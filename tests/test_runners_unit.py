@@ -258,3 +258,30 @@ def test_live_snapshots_carry_the_wait_a_job_earned(tmp_path):
     decide(110.0, "preempt", running)
     assert waited(110.0, pending) == 40.0  # preempted: a new spell from the round that preempted it
     assert waited(150.0, pending) == 80.0
+
+
+def test_rendezvous_ports_are_distinct_bindable_and_outside_the_ephemeral_range(monkeypatch):
+    """Launches started together get different ports, none from the range the kernel hands to outgoing
+    connections (a port from bind(0) can be taken by one before torchrun binds it), and a taken port
+    is skipped."""
+    import socket
+
+    from runners import launch
+
+    lo, _ = launch._ephemeral_range()
+    ports = [launch.free_port() for _ in range(100)]
+    assert len(set(ports)) == 100
+    assert all(launch._LOW_PORT <= p < lo for p in ports)
+    # a port in use is never handed out: hold one and force the draw onto it, then onto a free one
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        draws = iter([taken, taken, taken + 1 if taken + 1 not in launch._HANDED else taken + 2])
+
+        class Fixed:
+            def randint(self, a, b):
+                return next(draws)
+
+        monkeypatch.setattr(launch.random, "Random", Fixed)
+        got = launch.free_port()
+    assert got != taken and got in (taken + 1, taken + 2)

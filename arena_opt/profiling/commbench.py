@@ -22,7 +22,8 @@ from pathlib import Path
 
 from arena_opt.perf.comm import COLLECTIVES, fit_alpha_beta
 from arena_opt.perf.profile_db import CommFit
-from arena_opt.profiling.measure import free_port, launch
+from arena_opt.profiling.measure import launch
+from runners.launch import free_port
 from arena_opt.io import atomic_write
 
 DEFAULT_SIZES = tuple(4 ** k * 1024 for k in range(0, 8))  # 1 KiB .. 16 MiB

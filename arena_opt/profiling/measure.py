@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arena_opt.plan import Plan
+from runners.launch import free_port
 from models.catalog import Arch
 
 
@@ -102,12 +102,6 @@ class Case:
     arch: Arch
     plan: Plan
     batch: int
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmup: int, threads: int,
