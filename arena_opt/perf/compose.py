@@ -132,6 +132,9 @@ class _Segments:
         self.mb = np.broadcast_to(np.asarray(lc.microbatch_s, dtype=float), (c,)).reshape(c, 1)
         self.p2p_end = np.concatenate([np.zeros((c, 1)), lc.p2p_s], axis=1)  # sent by a segment ending at i
         self.peak = lc.peak_bytes
+        # no layer has transient memory (plans without recomputation): every segment's running max is 0,
+        # and adding 0.0 changes no sum, so the (C, L, L) running maxima are skipped (same bits)
+        self.no_peak = not np.any(self.peak > 0)
 
     def _terms(self, k, d, end, peak, memory=True):
         """(T, cost, memory) of stage k over some segments: d maps prefix arrays to their segment sums, end
@@ -195,10 +198,24 @@ class _Segments:
         def seg(P):
             return P[:, ii, None] - P[:, None, jj]
 
-        _, cost, _ = self._terms(0, seg, lambda P: P[:, ii, None], None, memory=False)
-        cost = np.where(valid, cost, np.inf)
+        # `_terms`' cost, slots * (S + mb + p2p) + ((AR + OPT) + stage), in place: the same operations in
+        # the same order (these arrays are the planner's largest, and fresh temporaries cost more than
+        # the arithmetic)
+        cost = seg(self.S)
+        cost += self.mb[:, :, None]
+        if self.pp > 1:
+            cost += self.p2p_end[:, ii, None]
+        cost *= self.slots[:, :, None]
+        fixed = seg(self.AR)
+        fixed += seg(self.OPT)
+        fixed += self.stage_s[:, :, None]
+        cost += fixed
+        del fixed
+        np.copyto(cost, np.inf, where=~valid)
         if not memory:
             return cost, None, None, None
+        if self.no_peak:
+            return cost, seg(self.ST), seg(self.ACT), None
         # max over the layers j..i-1: running max along j from i - 1 down
         layers = np.where(valid, self.peak[:, None, jj], -np.inf)
         peak = np.maximum(np.maximum.accumulate(layers[:, :, ::-1], axis=2)[:, :, ::-1], 0.0)
@@ -206,7 +223,7 @@ class _Segments:
 
 
 # elements of one (candidates, L+1, L+1) middle-stage array: larger stacks are split in chunks of rows
-_FULL_CHUNK = 1 << 20
+_FULL_CHUNK = 1 << 18
 
 
 def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
@@ -263,10 +280,14 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
             lo, hi = k, n - (pp - 1 - k)  # j in [lo, hi), i in (lo, hi]; middle()'s axes start at j = 1, i = 2
             band = (slice(None), slice(lo - 1, hi - 1), slice(lo - 1, hi - 1))
             seg = cost[band]
-            if not roomy:
-                inflight = np.minimum(s.m, pp - k)[:, :, None]
-                seg = np.where(static[band] + inflight * act[band] + peak[band] <= cap[:, :, None], seg, np.inf)
             cand = np.maximum(f[:, None, lo:hi], seg)  # [c, i, j]
+            if not roomy:
+                mem = np.minimum(s.m, pp - k)[:, :, None] * act[band]
+                mem += static[band]  # static + inflight * act, as `_terms` sums it
+                if peak is not None:
+                    mem += peak[band]
+                np.copyto(cand, np.inf, where=~(mem <= cap[:, :, None]))  # max(f, inf) = inf: as masking seg
+                del mem
             arg = np.argmin(cand, axis=2)
             nf = np.full((c, n + 1), np.inf)
             nf[:, lo + 1:hi + 1] = np.take_along_axis(cand, arg[:, :, None], axis=2)[:, :, 0]
@@ -316,10 +337,11 @@ def _stage_measures(s: _Segments, bounds: np.ndarray):
         t = s.S[rows, b] - s.S[rows, a] + s.mb[:, 0]
         if k < pp - 1:
             t = t + s.p2p_end[rows, b]
-        inside = (layer >= a[:, None]) & (layer < b[:, None])
-        peak = np.maximum(np.where(inside, s.peak, -np.inf).max(axis=1), 0.0)
         inflight = np.minimum(s.m[:, 0], pp - k)
-        mems[:, k] = (s.ST[rows, b] - s.ST[rows, a]) + inflight * (s.ACT[rows, b] - s.ACT[rows, a]) + peak
+        mems[:, k] = (s.ST[rows, b] - s.ST[rows, a]) + inflight * (s.ACT[rows, b] - s.ACT[rows, a])
+        if not s.no_peak:
+            inside = (layer >= a[:, None]) & (layer < b[:, None])
+            mems[:, k] += np.maximum(np.where(inside, s.peak, -np.inf).max(axis=1), 0.0)
         times[:, k] = t
     return times, mems
 
