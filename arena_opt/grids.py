@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -431,12 +431,13 @@ def price(plans: GridPlans, band: BandModel, family: str, num_gpus: int, caution
     """Every plan with its error band and its time set to the band's `caution` quantile: the one place
     grid times become conservative. The proxy is the fastest plan at that price (the band can move it
     off a plan whose micro-batch count was never measured)."""
-    def one(r: PlanResult) -> PlanResult:
+    priced = []
+    for r in plans.pareto:
         b = band.band(r.iter_time_s, family, num_gpus, r.plan.num_microbatches, caution)
-        return replace(r, iter_time_s=b.decided_s, band=b)
-
+        priced.append(PlanResult(r.plan, b.decided_s, r.mem_gib, r.batch_size, b))
+    priced.sort(key=lambda r: (r.iter_time_s, r.mem_gib))
     pareto, best_mem = [], float("inf")
-    for r in sorted((one(r) for r in plans.pareto), key=lambda r: (r.iter_time_s, r.mem_gib)):
+    for r in priced:
         if r.mem_gib < best_mem - 1e-9:  # still a (time, memory) front at the new prices
             pareto.append(r)
             best_mem = r.mem_gib

@@ -209,15 +209,23 @@ class Planner:
         cand = []  # (grid, tp, dp, m), by grid, then tp, then m: the tie-break of equal plans
         groups: dict[tuple, int] = {}  # (model, GPU name, GPU, link) -> its cost group
         group_of = np.zeros(len(grids), dtype=int)
+        layers: dict[Arch, int] = {}  # per model (hashing a model is not free: once per grid is enough)
+        shapes: dict[tuple, list] = {}  # (model, GPUs per node, GPUs, pp, batch) -> its (tp, dp, m) candidates
         for g, (arch, batch, gpu_name, gpu, intra_link, nodes, gpn, pp) in enumerate(grids):
             n_gpus = nodes * gpn
-            if n_gpus % pp or pp > cost_table(arch, self.params).num_layers:
+            n_layers = layers.get(arch)
+            if n_layers is None:
+                n_layers = layers[arch] = cost_table(arch, self.params).num_layers
+            if n_gpus % pp or pp > n_layers:
                 continue
             group_of[g] = groups.setdefault((arch, gpu_name, gpu, intra_link), len(groups))
-            for tp in tp_degrees(arch, gpn, n_gpus // pp):
-                dp = n_gpus // (pp * tp)
-                if batch % dp == 0:
-                    cand.extend((g, tp, dp, m) for m in microbatch_counts(batch // dp, pp))
+            key = (arch, gpn, n_gpus, pp, batch)
+            tdm = shapes.get(key)
+            if tdm is None:
+                tdm = shapes[key] = [(tp, dp, m) for tp in tp_degrees(arch, gpn, n_gpus // pp)
+                                     if batch % (dp := n_gpus // (pp * tp)) == 0
+                                     for m in microbatch_counts(batch // dp, pp)]
+            cand.extend((g, tp, dp, m) for tp, dp, m in tdm)
         out = [GridPlans(None)] * len(grids)
         if not cand:
             return out
@@ -238,27 +246,40 @@ class Planner:
         if len(redo):
             found += [(sp, rows, True) for sp, rows, _ in self._split_rows(list(groups), group_of, shape, caps,
                                                                            (g, tp, dp, m), redo, True)]
-        # per candidate: (time, memory, recompute, stages) of its best split, None where none fits
-        best: list[tuple | None] = [None] * len(cand)
+        # per candidate: time, memory, recompute and stage bounds of its best split (candidates without one
+        # are left out); a candidate has one split at most (recomputation only where the plain one fails)
+        idx, times, mems, rcs, bounds = [], [], [], [], {}
         reserve = self.params.mem_reserve_gib
         for sp, rows, rc in found:
-            times, mems = sp.iter_time_s.tolist(), (sp.mem_bytes.max(axis=1) / GIB + reserve).tolist()
-            bounds = sp.bounds.tolist()
-            for i in np.flatnonzero(sp.feasible).tolist():
-                best[rows[i]] = (times[i], mems[i], rc, bounds[i])
-        per_grid: dict[int, list] = {}
-        for c, (x, t, d, k) in enumerate(cand):
-            if best[c] is not None:
-                per_grid.setdefault(x, []).append((*best[c], t, d, k))
-        for x, rows in per_grid.items():
+            f = np.flatnonzero(sp.feasible)
+            idx.append(rows[f])
+            times.append(sp.iter_time_s[f])
+            mems.append(sp.mem_bytes[f].max(axis=1) / GIB + reserve)
+            rcs.append(np.full(len(f), rc))
+            for c, b in zip(rows[f].tolist(), sp.bounds[f].tolist()):
+                bounds[c] = b
+        if not idx:
+            return out
+        idx, times, mems, rcs = (np.concatenate(x) for x in (idx, times, mems, rcs))
+        # by grid, then (time, memory), ties in candidate order: each grid's rows in the order that
+        # a stable sort of its candidates by (time, memory) gives
+        order = np.lexsort((idx, mems, times, g[idx]))
+        idx, times, mems, rcs = idx[order].tolist(), times[order].tolist(), mems[order].tolist(), rcs[order].tolist()
+        gl, tpl, dpl, ml = g.tolist(), tp.tolist(), dp.tolist(), m.tolist()
+        at = 0
+        while at < len(idx):
+            x = gl[idx[at]]
             arch, batch, gpu_name, gpu, intra_link, nodes, gpn, pp = grids[x]
             pareto, best_mem = [], float("inf")
-            for t, mem, rc, b, tp_, dp_, m_ in sorted(rows, key=lambda r: (r[0], r[1])):
+            while at < len(idx) and gl[idx[at]] == x:
+                c, t, mem = idx[at], times[at], mems[at]
                 if mem < best_mem - 1e-9:
-                    plan = Plan(pp=pp, dp=dp_, tp=tp_, num_microbatches=m_, stages=[(b[j], b[j + 1]) for j in range(pp)],
-                                recompute=rc)
+                    b = bounds[c]
+                    plan = Plan(pp=pp, dp=dpl[c], tp=tpl[c], num_microbatches=ml[c],
+                                stages=[(b[j], b[j + 1]) for j in range(pp)], recompute=rcs[at])
                     pareto.append(PlanResult(plan, t, mem, batch))
                     best_mem = mem
+                at += 1
             if self.per_stage:
                 pareto = self._per_stage(arch, cost_table(arch, self.params), gpu_name, gpu,
                                          links_for(gpu, intra_link, self.params), nodes, gpn, batch, pp,
