@@ -20,7 +20,6 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -29,22 +28,9 @@ sys.path.insert(0, str(_ROOT))
 sys.path.insert(0, str(_ROOT / "tests"))
 
 from _provenance import command, git_rev, machine, write_result  # noqa: E402
+from slurm_cluster import WhenRunning, controller_outage, one_job_loop, set_node_states  # noqa: E402
 
 HARNESS = _ROOT / "tests" / "slurm_cluster.py"
-
-
-def _loop(r, out: Path, job: str, iterations: int, interval_s: float, duration_s: float):
-    """The live loop (fcfs) over Slurm's nodes with one 1-GPU job (the tests' setting)."""
-    from arena_opt.policies import make_policy
-    from arena_opt.snapshot import ClusterSnapshot
-    from arena_opt.trace import TraceJob
-    from runners.live import LiveLoop, LiveOptions
-
-    cluster = ClusterSnapshot(nodes=r.cluster_nodes())
-    trace = [TraceJob(id=job, submit_time=0, model="gpt-350M", batch_size=4, iterations=iterations, num_gpus=1)]
-    opts = LiveOptions(interval_s=interval_s, time_scale=1, iter_scale=1, batch_divisor=1, step_delay_s=0.3,
-                       duration_s=duration_s)
-    return LiveLoop(cluster, trace, r, make_policy("fcfs"), opts, out, log=lambda s: None)
 
 
 def _timed_status(r) -> list[tuple[float, float]]:
@@ -78,40 +64,24 @@ def _stats(xs: list[float]) -> dict:
     return {"calls": len(xs), "median_s": statistics.median(xs) if xs else None, "max_s": max(xs) if xs else None}
 
 
-def controller_outage(slurm, work: Path, outage_s: float, iterations: int = 60) -> dict:
+def outage_under_a_job(slurm, work: Path, outage_s: float, iterations: int = 60) -> dict:
     from runners.slurm import SlurmRunner
 
     r = SlurmRunner(work / "w", device="cpu", tag="bctl", ckpt_interval=5)
-    loop = _loop(r, work / "out", "c", iterations, interval_s=2, duration_s=outage_s + 200)
+    loop = one_job_loop(r, work / "out", "c", iterations=iterations, interval_s=2, duration_s=outage_s + 200)
     calls = _timed_status(r)
-    window: list[float] = []
-
-    def outage():
-        while not window:
-            o = loop.jobs["c"].last_obs
-            if o is not None and o.state == "running" and o.step >= 3:
-                t0 = time.time()
-                slurm.stop_controller()  # returns once slurmctld has exited (it saves its state first)
-                t_down = time.time()
-                time.sleep(outage_s)
-                slurm.start_controller()  # returns once `scontrol ping` answers
-                window.extend([t0, t_down, time.time()])
-                return
-            time.sleep(0.2)
-
-    th = threading.Thread(target=outage, daemon=True)
-    th.start()
-    res = loop.run()
-    th.join(60)
-    if not window:
+    with WhenRunning(loop, "c", 3, lambda o: controller_outage(slurm, outage_s)) as fault:
+        res = loop.run()
+    if not fault.result:
         raise RuntimeError("the job never ran 3 steps: no outage was made")
-    t0, t_down, t1 = window
+    t0, t_down, t1 = fault.result
     rec = {j["id"]: j for j in res.jobs}["c"]
     events = [json.loads(line) for line in (work / "out" / "events.jsonl").read_text().splitlines()]
     back = [e for e in events if e["kind"] == "controller_back"]
     steps, _ = _steps(r, "c")
     return {
-        "fault": "controller", "stop_s": round(t_down - t0, 1), "down_s": round(t1 - t_down, 1), "job_status": rec["status"],
+        "fault": "controller", "stop_s": round(t_down - t0, 1), "down_s": round(t1 - t_down, 1),
+        "job_status": rec["status"],
         "launches": sum(1 for e in events if e["kind"] == "launch" and e["job"] == "c"),
         "status_before": _stats([d for s, d in calls if s + d < t0]),
         "status_during": _stats([d for s, d in calls if s < t1 and s + d > t0]),
@@ -127,27 +97,18 @@ def node_down(slurm, work: Path, iterations: int = 30) -> dict:
     from runners.slurm import SlurmRunner
 
     r = SlurmRunner(work / "w", device="cpu", tag="bdown", ckpt_interval=2)
-    loop = _loop(r, work / "out", "d", iterations, interval_s=3, duration_s=150)
-    hit: list = []
+    loop = one_job_loop(r, work / "out", "d", iterations=iterations, interval_s=3, duration_s=150)
 
-    def act():
-        while not hit:
-            o = loop.jobs["d"].last_obs
-            if o is not None and o.state == "running" and o.step >= 4 and o.placement:
-                node = next(iter(o.placement))
-                t = time.time()
-                for state in ("DOWN", "DRAIN"):  # DRAIN keeps it out once its slurmd registers again
-                    slurm.run("scontrol", "update", f"NodeName={node}", f"State={state}", "Reason=bench fault")
-                hit.extend([node, t, o.step])
-            time.sleep(0.2)
+    def fail(o):
+        node, t = next(iter(o.placement)), time.time()
+        set_node_states(slurm, node, "DOWN", "DRAIN", reason="bench")
+        return node, t, o.step
 
-    th = threading.Thread(target=act, daemon=True)
-    th.start()
-    res = loop.run()
-    hit.append("stop")
-    if len(hit) < 3:
+    with WhenRunning(loop, "d", 4, fail) as fault:
+        res = loop.run()
+    if fault.result is None:
         raise RuntimeError("the job never ran 4 steps: no node was failed")
-    node, t_fault, step_seen = hit[:3]
+    node, t_fault, step_seen = fault.result
     rec = {j["id"]: j for j in res.jobs}["d"]
     steps, ev = _steps(r, "d")
     starts = [e for e in ev if e["event"] == "start"]
@@ -210,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         version = cluster.run("sinfo", "--version").stdout.strip()
         with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
             cluster.reset()
-            ctl = controller_outage(cluster, Path(tmp) / "ctl", args.outage_s)
+            ctl = outage_under_a_job(cluster, Path(tmp) / "ctl", args.outage_s)
             print(json.dumps(ctl), flush=True)
             cluster.reset()
             down = node_down(cluster, Path(tmp) / "down")

@@ -283,3 +283,66 @@ if __name__ == "__main__":
         pass
     finally:
         c.stop()
+
+
+# --- a live loop with one job, and faults made while it runs (tests/test_slurm_runner.py, bench/slurm_faults.py)
+
+def one_job_loop(runner, out: Path, job: str, *, iterations: int, interval_s: float, duration_s: float):
+    """The live loop (fcfs) over Slurm's nodes with one 1-GPU job of `iterations` steps."""
+    from arena_opt.policies import make_policy
+    from arena_opt.snapshot import ClusterSnapshot
+    from arena_opt.trace import TraceJob
+    from runners.live import LiveLoop, LiveOptions
+
+    cluster = ClusterSnapshot(nodes=runner.cluster_nodes())
+    trace = [TraceJob(id=job, submit_time=0, model="gpt-350M", batch_size=4, iterations=iterations, num_gpus=1)]
+    opts = LiveOptions(interval_s=interval_s, time_scale=1, iter_scale=1, batch_divisor=1, step_delay_s=0.3,
+                       duration_s=duration_s)
+    return LiveLoop(cluster, trace, runner, make_policy("fcfs"), opts, out, log=lambda s: None)
+
+
+class WhenRunning:
+    """Calls action(observed job) once, from a thread, as soon as `job` runs at step >= `min_step` on
+    known GPUs; `.result` holds what it returned (None: the job never got there). Use as a context
+    manager around loop.run(): leaving it stops the watch."""
+
+    def __init__(self, loop, job: str, min_step: int, action) -> None:
+        import threading
+
+        self.loop, self.job, self.min_step, self.action = loop, job, min_step, action
+        self.result = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            o = self.loop.jobs[self.job].last_obs
+            if o is not None and o.state == "running" and o.step >= self.min_step and o.placement:
+                self.result = self.action(o)
+                return
+            time.sleep(0.2)
+
+    def __enter__(self) -> "WhenRunning":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def controller_outage(cluster: SlurmCluster, seconds: float) -> tuple[float, float, float]:
+    """slurmctld stops, stays away `seconds`, starts: (asked to stop, stopped, answering again) times."""
+    t0 = time.time()
+    cluster.stop_controller()
+    t_down = time.time()
+    time.sleep(seconds)
+    cluster.start_controller()
+    return t0, t_down, time.time()
+
+
+def set_node_states(cluster: SlurmCluster, node: str, *states: str, reason: str = "fault") -> None:
+    """`scontrol update` the node to each state in turn (DOWN then DRAIN keeps a failed node out: the
+    test cluster returns a DOWN node to service once its slurmd registers again)."""
+    for state in states:
+        cluster.run("scontrol", "update", f"NodeName={node}", f"State={state}", f"Reason={reason} {state}")

@@ -18,6 +18,7 @@ from runners.reference import reference_losses
 from runners.slurm import SlurmRunner
 from runners.spec import resolve_arch
 from tests.runner_status import wait_for_status
+from tests.slurm_cluster import WhenRunning, controller_outage, one_job_loop, set_node_states
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TOL = 1e-3  # see tests/test_runners_local.py
@@ -88,46 +89,22 @@ def test_pending_generation_is_reported_pending(slurm, tmp_path):
         r.shutdown()
 
 
-def _one_job_loop(r: SlurmRunner, tmp_path, job: str, *, iterations: int, interval_s: float, duration_s: float):
-    """The live loop (fcfs) over Slurm's nodes with one 1-GPU job of `iterations` steps."""
-    from arena_opt.policies import make_policy
-    from arena_opt.snapshot import ClusterSnapshot
-    from arena_opt.trace import TraceJob
-    from runners.live import LiveLoop, LiveOptions
-
-    cluster = ClusterSnapshot(nodes=r.cluster_nodes())
-    trace = [TraceJob(id=job, submit_time=0, model="gpt-350M", batch_size=4, iterations=iterations, num_gpus=1)]
-    opts = LiveOptions(interval_s=interval_s, time_scale=1, iter_scale=1, batch_divisor=1, step_delay_s=0.3,
-                       duration_s=duration_s)
-    return LiveLoop(cluster, trace, r, make_policy("fcfs"), opts, tmp_path / "out", log=lambda s: None)
-
-
 def _live_run_with_node_event(slurm, tmp_path, *states: str):
     """One job on the Slurm runner; once it has run a few steps, its node is set to each of `states`."""
     r = SlurmRunner(tmp_path / "work", device="cpu", tag=f"t{states[0][:2].lower()}", ckpt_interval=2)
-    loop = _one_job_loop(r, tmp_path, "d", iterations=30, interval_s=3, duration_s=100)
-    hit: list[str] = []
+    loop = one_job_loop(r, tmp_path / "out", "d", iterations=30, interval_s=3, duration_s=100)
 
-    def act_when_running():
-        while not hit:
-            o = loop.jobs["d"].last_obs
-            if o is not None and o.state == "running" and o.step >= 4 and o.placement:
-                node = next(iter(o.placement))
-                for state in states:
-                    slurm.run("scontrol", "update", f"NodeName={node}", f"State={state}", f"Reason=test {state}")
-                hit.append(node)
-            time.sleep(0.2)
+    def fail(o):
+        node = next(iter(o.placement))
+        set_node_states(slurm, node, *states, reason="test")
+        return node
 
-    import threading
-
-    th = threading.Thread(target=act_when_running, daemon=True)
-    th.start()
-    res = loop.run()
-    hit.append("stop")
-    assert hit[0] != "stop", f"never set {states}"
+    with WhenRunning(loop, "d", 4, fail) as hit:
+        res = loop.run()
+    assert hit.result is not None, f"never set {states}"
     rec = {j["id"]: j for j in res.jobs}["d"]
     assert rec["status"] == "done", rec
-    return r, hit[0]
+    return r, hit.result
 
 
 def test_live_loop_drained_node_keeps_its_job(slurm, tmp_path):
@@ -279,28 +256,13 @@ def test_live_loop_rides_out_a_controller_restart(slurm, tmp_path):
     """slurmctld goes away for longer than several rounds and comes back: the job keeps running on its
     node the whole time (one launch, every step once), and the outage is two events in the record."""
     import json
-    import threading
 
     r = SlurmRunner(tmp_path / "work", device="cpu", tag="tctl", ckpt_interval=5)
-    loop = _one_job_loop(r, tmp_path, "c", iterations=60, interval_s=2, duration_s=200)
-    done: list[int] = []
-
-    def outage():
-        while not done:
-            o = loop.jobs["c"].last_obs
-            if o is not None and o.state == "running" and o.step >= 3:
-                slurm.stop_controller()
-                time.sleep(15)  # several rounds of the loop
-                done.append(o.step)
-                slurm.start_controller()
-                return
-            time.sleep(0.2)
-
-    th = threading.Thread(target=outage, daemon=True)
-    th.start()
-    res = loop.run()
-    th.join(60)
-    assert done, "the controller was never stopped"
+    loop = one_job_loop(r, tmp_path / "out", "c", iterations=60, interval_s=2, duration_s=200)
+    # 15 s: several rounds of the loop
+    with WhenRunning(loop, "c", 3, lambda o: controller_outage(slurm, 15)) as done:
+        res = loop.run()
+    assert done.result, "the controller was never stopped"
     rec = {j["id"]: j for j in res.jobs}["c"]
     assert rec["status"] == "done", rec
     events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
