@@ -375,6 +375,33 @@ def test_plan_many_equals_one_grid_at_a_time():
     assert 20 < planned < len(grids)
 
 
+@pytest.mark.parametrize("instance", ["medium", "large"])
+def test_plan_many_on_a_shipped_instance_equals_one_grid_at_a_time(instance):
+    """Every grid shape the arena round of a shipped instance plans (the catalogue hands them to plan_many
+    together, one stack per model and depth) gets bit for bit the Pareto set of planning it alone, recompute
+    flags and stage bounds included: the batched, chunked and masked DP changes no plan."""
+    from pathlib import Path
+
+    from arena_opt.grids import GridCatalog
+    from arena_opt.io import load_model
+    from arena_opt.perf.estimator import PerfEstimator
+    from arena_opt.snapshot import ClusterSnapshot
+
+    snap = load_model(Path(__file__).parent.parent / "instances" / f"{instance}.json", ClusterSnapshot)
+    est = PerfEstimator()
+    GridCatalog.of(est).all_grids(snap)
+    keys = list(est.planner._cache)
+    assert len(keys) > 1000
+    step = 1 if instance == "medium" else 8  # every grid of medium, an eighth of large's (test time)
+    feasible = 0
+    for key in keys[::step]:
+        got, alone = est.planner._cache[key], Planner().plan(*key)
+        assert [(r.plan, r.iter_time_s, r.mem_gib) for r in got.pareto] == \
+            [(r.plan, r.iter_time_s, r.mem_gib) for r in alone.pareto], key[1:]
+        feasible += got.proxy is not None
+    assert feasible > len(keys[::step]) // 2
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_split_many_memory_bound_only_drops_candidates_without_a_split(seed, monkeypatch):
     """split_many leaves out of its DP the candidates whose memory bound (1/pp of the model, or one layer,
