@@ -178,6 +178,15 @@ class Planner:
         together (`_plan_all`)."""
         out: list[GridPlans | None] = []
         todo: dict[tuple, list[int]] = {}
+        loaded: dict[str, Plan] = {}  # a stored plan's text -> its validated Plan (most recur across grids)
+
+        def stored_plan(p: dict) -> Plan:
+            text = repr(p)
+            plan = loaded.get(text)
+            if plan is None:
+                plan = loaded[text] = Plan.model_validate(p)
+            return plan
+
         for i, key in enumerate(grids):
             hit = self._cache.get(key)
             if hit is None:
@@ -186,7 +195,7 @@ class Planner:
                     hit = self._cache[key] = stored
                 elif stored is not None:
                     batch = key[1]
-                    pareto = [PlanResult(Plan.model_validate(p), t, mem, batch) for p, t, mem in stored]
+                    pareto = [PlanResult(stored_plan(p), t, mem, batch) for p, t, mem in stored]
                     hit = self._cache[key] = GridPlans(pareto[0] if pareto else None, pareto)
                 else:
                     todo.setdefault(key, []).append(i)
