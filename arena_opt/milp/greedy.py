@@ -1,66 +1,118 @@
 """Greedy feasible selection: the fallback when the solver returns no incumbent, and the repair
-step after shards are merged. Packs with the occupancy engine (arena_opt/occupancy.py) on the
+step after shards are merged. Packs by the occupancy engine's rules (arena_opt/occupancy.py) on the
 problem's per-node free counts, so its result is feasible by construction."""
 
 from __future__ import annotations
 
+import heapq
 import time
 
 import numpy as np
 
 from arena_opt.milp.problem import ClusterProblem
-from arena_opt.occupancy import Layout, Occupancy
 
 
 class _Free:
-    """The problem's free GPUs as an occupancy: per pool one slot per node (occupied nodes first, then
-    empty ones), the GPUs of the kept jobs held."""
+    """The problem's free GPUs per node, for the greedy's takes, with the placement rules of
+    `Occupancy.find_shape` (arena_opt/occupancy.py) on the problem's nodes: per pool one slot per node
+    (occupied nodes first, then empty ones, all in one rack), the GPUs of the kept jobs held. Only
+    counts are kept, and the takes only hold (never release), so each rule is a pointer or a heap:
+    - a multi-node take gets the free whole nodes of smallest id (slot ids "POOL/i" in string order,
+      `_fewest_racks` in one rack);
+    - a sub-node take gets, of the nodes with the fewest free GPUs that fit, the one whose count changed
+      least recently (an untouched whole node: the lowest slot).
+    The same selections as the Occupancy packer (tests/test_greedy.py keeps it as the oracle), which
+    scanned every whole free node of the pool per multi-node take: 2 s CPU of a 10,000-job variant."""
 
     def __init__(self, p: ClusterProblem, kept: set[int]):
-        layout, held = {}, []
+        self.g: dict[tuple, int] = {}
+        self.count: dict[tuple, list[int]] = {}
+        self.stamp: dict[tuple, list[int]] = {}
+        self.heaps: dict[tuple, list[list[tuple[int, int]]]] = {}  # free count -> (stamp, slot), lazily
+        self.whole: dict[tuple, int] = {}  # number of untouched nodes
+        self.by_id: dict[tuple, list[int]] = {}  # slots in string order of their id
+        self.at_id: dict[tuple, int] = {}  # first position of by_id that may still be whole
+        self.at_slot: dict[tuple, int] = {}  # lowest slot that may still be whole
+        self.homes: dict[int, list[tuple[tuple, int, int]]] = {}  # running job -> (pool, slot, GPUs there)
         for key, pi in p.pools.items():
-            ids = [f"{key}/{i}" for i in range(len(pi.occupied) + pi.empty_nodes)]
-            layout[key] = (ids, pi.gpus_per_node)
-            for nid, users in zip(ids, pi.occupied.values()):
-                n = sum(n for j, n in users if j in kept)
-                if n:
-                    held.append({nid: list(range(n))})
-        self.occ = Occupancy(Layout(layout))
-        for i, pl in enumerate(held):
-            self.occ.occupy(f"kept/{i}", pl)
-        # per running job, the slots of the nodes it occupies and its GPUs there (for `stay`)
-        self.homes: dict[int, list[tuple[str, int]]] = {}
-        for key, pi in p.pools.items():
+            g, n = pi.gpus_per_node, len(pi.occupied) + pi.empty_nodes
+            self.g[key], self.count[key], self.stamp[key] = g, [g] * n, list(range(n))
+            self.heaps[key] = [[] for _ in range(g + 1)]
+            self.by_id[key] = sorted(range(n), key=str)
+            self.at_id[key] = self.at_slot[key] = 0
+            self.whole[key] = n
             for i, users in enumerate(pi.occupied.values()):
-                for j, n in users:
-                    self.homes.setdefault(j, []).append((f"{key}/{i}", n))
-        self._n = 0
+                held = sum(m for j, m in users if j in kept)
+                if held:
+                    self._move(key, i, held, None)
+                for j, m in users:
+                    self.homes.setdefault(j, []).append((key, i, m))
+        self._clock = sum(len(c) for c in self.count.values())  # as Occupancy's: after every first stamp
         # per pool, the fewest units a take failed for: free capacity only shrinks here (holds, no
         # releases), and a shape that does not fit means no larger one does (a sub-node grid of u GPUs
         # finds no node with u free, so no whole free node either), so later takes of as many units or
-        # more fail without a search; on a full cluster that skips almost every take (133,700 searches
-        # at 10,000 jobs, each scanning the pool's whole free nodes)
+        # more fail without a search
         self._fails: dict[tuple, int] = {}
+
+    def _move(self, key: tuple, i: int, gpus: int, stamp: int | None) -> None:
+        count = self.count[key]
+        if count[i] == self.g[key]:
+            self.whole[key] -= 1
+        count[i] -= gpus
+        if stamp is not None:
+            self.stamp[key][i] = stamp
+        heapq.heappush(self.heaps[key][count[i]], (self.stamp[key][i], i))
+
+    def _hold(self, key: tuple, i: int, gpus: int) -> None:
+        self._move(key, i, gpus, self._clock)
+        self._clock += 1
+
+    def _first_whole(self, key: tuple) -> int:
+        count, g, i = self.count[key], self.g[key], self.at_slot[key]
+        while count[i] != g:
+            i += 1
+        self.at_slot[key] = i
+        return i
 
     def take(self, key: tuple, units: int) -> bool:
         if units >= self._fails.get(key, 1 << 62):
             return False
-        g = self.occ.gpus_per_node(key)
-        pl = self.occ.find_shape(key, units // g, g) if units > g else self.occ.find_shape(key, 1, units)
-        if pl is None:
-            self._fails[key] = units
-            return False
-        self._n += 1
-        self.occ.hold(f"grid/{self._n}", pl)
-        return True
+        g = self.g[key]
+        if units // g > 1:
+            k = units // g
+            if self.whole[key] < k:
+                self._fails[key] = units
+                return False
+            count, order, pos = self.count[key], self.by_id[key], self.at_id[key]
+            for _ in range(k):
+                while count[order[pos]] != g:
+                    pos += 1
+                self._hold(key, order[pos], g)
+                pos += 1
+            self.at_id[key] = pos
+            return True
+        need = min(units, g)
+        count, stamp, heaps = self.count[key], self.stamp[key], self.heaps[key]
+        for c in range(need, g):
+            h = heaps[c]
+            while h and (count[h[0][1]] != c or stamp[h[0][1]] != h[0][0]):
+                heapq.heappop(h)  # a node that has changed since this entry
+            if h:
+                self._hold(key, h[0][1], need)
+                return True
+        if self.whole[key]:
+            self._hold(key, self._first_whole(key), need)
+            return True
+        self._fails[key] = units
+        return False
 
     def stay(self, j: int) -> bool:
         """Running job j keeps its place: its GPUs on each of its nodes, if they are still free there."""
         home = self.homes.get(j, [])
-        if not home or any(self.occ.node_free(nid) < n for nid, n in home):
+        if not home or any(self.count[key][i] < m for key, i, m in home):
             return False
-        self._n += 1
-        self.occ.hold(f"grid/{self._n}", {nid: self.occ.gpus_free(nid)[:n] for nid, n in home})
+        for key, i, m in home:
+            self._hold(key, i, m)
         return True
 
 
