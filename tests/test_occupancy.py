@@ -58,3 +58,68 @@ def test_rack_map_is_each_nodes_rack_in_the_topology():
     assert racks == {"a": "rack:r1", "b": "rack:r2", "c": "rack:default"}
     for nid, rack in racks.items():
         assert list(topo.neighbors(nid)) == [rack] and set(topo.neighbors(rack)) >= {nid, "cluster"}
+
+
+def _old_multi_node_find(occ, pool_key, nodes, prev=(), rack_cost=None):
+    """Occupancy.find_shape's multi-node rule as it was before whole nodes were kept by rack: every whole
+    free node of the pool scanned per find (the oracle of the rack-kept version)."""
+    from arena_opt.occupancy import _fewest_racks
+
+    p = occ.pool[pool_key]
+    whole = p.bucket[p.g]
+    if len(whole) < nodes:
+        return None
+    by_rack, first = {}, {}
+    for i in whole:
+        r = occ.layout.rack_of[p.ids[i]]
+        by_rack.setdefault(r, set()).add(i)
+        first[r] = min(first.get(r, p.stamp[i]), p.stamp[i])
+    by_rack = {r: by_rack[r] for r in sorted(by_rack, key=first.__getitem__)}
+    pick = _fewest_racks(by_rack, p.ids, nodes, set(prev), rack_cost)
+    return {n: occ.gpus_free(n)[:p.g] for n in pick}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_multi_node_find_keeps_its_rules_under_holds_releases_and_rollbacks(seed):
+    """Racks of uneven size, sub-node and multi-node holds, releases, rollbacks, previous nodes and a rack
+    cost: every multi-node find is the one the full scan of whole nodes gives."""
+    import numpy as np
+
+    from arena_opt.occupancy import Layout, Occupancy
+
+    rng = np.random.default_rng(seed)
+    ids = [f"n{i}" for i in range(60)]
+    rack_of = {n: f"r{int(rng.integers(0, 9))}" for n in ids}
+    occ = Occupancy(Layout({"p": (ids, 4)}, rack_of))
+    costs = {f"r{i}": float(rng.integers(0, 3)) for i in range(9)}
+    held, marks, n, finds = [], [], 0, 0
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.45:
+            k = int(rng.integers(2, 7))
+            prev = list(rng.choice(ids, size=int(rng.integers(0, 4)), replace=False))
+            cost = costs.__getitem__ if rng.random() < 0.5 else None
+            want = _old_multi_node_find(occ, "p", k, prev, cost)
+            got = occ.find_shape("p", k, 4, prev, rack_cost=cost)
+            assert got == want
+            finds += want is not None
+            if got is not None:
+                n += 1
+                occ.hold(f"m{n}", got)
+                held.append(f"m{n}")
+        elif op < 0.7:
+            pl = occ.find_shape("p", 1, int(rng.choice([1, 2, 4])))
+            if pl is not None:
+                n += 1
+                occ.hold(f"s{n}", pl)
+                held.append(f"s{n}")
+        elif op < 0.85 and held:
+            occ.release(held.pop(int(rng.integers(len(held)))))
+        elif op < 0.93:
+            marks.append((occ.mark(), list(held)))
+        elif marks:
+            m, was = marks.pop()
+            occ.rollback(m)
+            held = [j for j in was if j in occ.where]
+            marks = [(mm, w) for mm, w in marks if mm <= m]
+    assert finds > 20
