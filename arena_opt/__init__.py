@@ -1,5 +1,6 @@
 """arena-opt: joint GPU allocation and parallel-plan scheduling by MILP."""
 
+import arena_opt.deadline  # noqa: F401  first: its clock is the process's entry (a call's time limit counts from it)
 from arena_opt.decision import Decision, JobDecision, SolverStats
 from arena_opt.plan import Plan
 from arena_opt.snapshot import ClusterSnapshot, Job, Node

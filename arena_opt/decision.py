@@ -72,6 +72,15 @@ class SolverStats(BaseModel):
     num_grids: NonNegativeInt = 0
     fallback: bool = Field(False, description="the decision comes from the greedy fallback, not the solver")
     note: str | None = None
+    time_limit_s: float | None = Field(None, description="the limit the call was held to, from its start (the CLI: "
+                                                         "process entry); None: the policy keeps none")
+    phases: dict[str, NonNegativeFloat] = Field(
+        default_factory=dict, description="wall seconds of the call's phases in order (read, grids, lp, greedy, "
+                                          "improve, highs, place, decision, check; those that ran)")
+    cut_short: list[str] = Field(default_factory=list,
+                                 description="phases stopped early or skipped because the deadline came")
+    over_s: float | None = Field(None, description="wall seconds past time_limit_s when the decision was complete "
+                                                   "(the CLI: checked, not yet written); negative: time to spare")
 
 
 class Decision(BaseModel):

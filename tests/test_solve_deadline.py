@@ -76,3 +76,61 @@ def test_solve_abandons_a_running_highs_at_the_deadline(big, tmp_path):
     assert [j.job_id for j in d.jobs] == [j.id for j in snapshot.jobs]  # a decision for every job
     check_decision(snapshot, d)  # capacity, memory, one grid per job
     assert any(j.action in ("start", "keep", "reshape", "migrate") for j in d.jobs)
+
+
+def _small_round():
+    from arena_opt.instances import generate_snapshot
+    from test_milp import TINY_MODELS
+
+    return generate_snapshot({"a100": (6, 4), "a10": (8, 2)}, 30, seed=4, running_fraction=0.5,
+                             deadline_fraction=0.3, models=TINY_MODELS)
+
+
+@pytest.mark.parametrize("opts,cut", [({}, "highs"), ({"backend": "highspy"}, "highs"),
+                                      ({"highs_max_grids": 1}, "improve")])
+def test_a_spent_time_limit_still_gives_a_feasible_decision_and_says_what_was_cut(opts, cut):
+    """The call's clock started 1 s before the policy was asked, with a 0.5 s limit: the deadline has passed
+    before the grids. The decision is still complete and feasible (the greedy start), the phase the deadline
+    stopped is named, and the overrun is reported, not hidden."""
+    from arena_opt.policies.arena import ArenaPolicy
+    from test_milp import EST
+
+    snap = _small_round()
+    pol = ArenaPolicy({"time_limit_s": 0.5, **opts}, estimator=EST)
+    pol.started, pol.started_cpu = time.perf_counter() - 1.0, time.process_time()
+    d = pol.decide(snap)
+    check_decision(snap, d)
+    assert [j.job_id for j in d.jobs] == [j.id for j in snap.jobs]
+    assert any(j.runs for j in d.jobs)
+    s = d.stats
+    assert s.fallback and cut in s.cut_short
+    assert s.time_limit_s == 0.5 and s.over_s >= 0.5
+    assert {"read", "grids", "greedy", "place", "decision"} <= set(s.phases)
+    assert s.phases["read"] >= 1.0
+
+
+def test_a_generous_time_limit_cuts_nothing():
+    from arena_opt.policies.arena import ArenaPolicy
+    from test_milp import EST
+
+    snap = _small_round()
+    d = ArenaPolicy({"time_limit_s": 600, "highs_max_grids": 1}, estimator=EST).decide(snap)
+    check_decision(snap, d)
+    assert d.stats.cut_short == [] and d.stats.over_s < 0
+    assert "read" not in d.stats.phases  # no caller's clock: the policy's own starts at its call
+
+
+def test_cli_time_limit_counts_from_process_entry(tmp_path):
+    """A 10 ms limit is spent by the imports and the read alone: exit 0, a feasible decision, HiGHS named as
+    cut short and the overrun recorded."""
+    snap = tmp_path / "snap.json"
+    snap.write_text(_small_round().model_dump_json())
+    out = tmp_path / "d.json"
+    env = {**os.environ, "ARENA_OPT_CACHE": str(tmp_path / "plans.json")}
+    r = _run(["solve", str(snap), "--time-limit", "0.01", "-o", str(out), "--quiet"], env)
+    assert r.returncode == 0, r.stderr
+    d = Decision.model_validate(json.loads(out.read_text()))
+    check_decision(ClusterSnapshot.model_validate(json.loads(snap.read_text())), d)
+    s = d.stats
+    assert s.time_limit_s == 0.01 and s.over_s > 0 and "highs" in s.cut_short
+    assert list(s.phases)[:2] == ["read", "grids"] and "check" in s.phases

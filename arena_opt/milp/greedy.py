@@ -198,6 +198,11 @@ PRICE_SHARES = (0.35, 0.75)  # unit prices x these, tried in order: measured bes
 #                              greedy packing leaves capacity unused (24,721 and -202,414)
 
 
+def greedy_variants(p: ClusterProblem) -> int:
+    """How many greedy selections `greedy_start` makes when no deadline stops it."""
+    return 1 if p.max_reconfigs is not None or not len(p.grids) else len(PRICE_SHARES) + 1
+
+
 def greedy_start(p: ClusterProblem, until: float | None = None, runs_s: list[float] | None = None) -> dict[int, int]:
     """The best of several greedy selections: every job competing at the pools' unit prices
     (`unit_prices` x PRICE_SHARES), a running job staying only if its place is still free when its turn

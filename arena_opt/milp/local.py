@@ -83,8 +83,15 @@ def improve(p: ClusterProblem, sel: dict[int, int], until: float | None = None, 
             stats: dict | None = None) -> dict[int, int]:
     """A selection at least as good as the feasible `sel` (job -> grid), found by moves and pairs of moves
     until none gains or time.perf_counter() passes `until`. Under a cap on reconfigurations the selection
-    comes back as it is (the moves do not count them)."""
+    comes back as it is (the moves do not count them). `stats` gets the rounds, moves and pairs made and
+    `cut`: whether the deadline stopped the search before it ran out of gaining moves."""
+    if stats is not None:
+        stats.update(rounds=0, singles=0, pairs=0, cut=False)
     if p.max_reconfigs is not None or not len(p.grids):
+        return dict(sel)
+    if until is not None and time.perf_counter() >= until:
+        if stats is not None:
+            stats["cut"] = True
         return dict(sel)
     pk = Packing(p, sel)
     n = len(p.grids)
@@ -104,7 +111,11 @@ def improve(p: ClusterProblem, sel: dict[int, int], until: float | None = None, 
     weights = np.random.default_rng(0).integers(1, 1 << 40, pk.vec.shape[1])
     vkey = pk.vec.astype(np.int64) @ weights
     rounds = singles = pairs = 0
-    while rounds < max_rounds and (until is None or time.perf_counter() < until):
+    cut = False
+    while rounds < max_rounds:
+        if until is not None and time.perf_counter() >= until:
+            cut = True
+            break
         rounds += 1
         frm = at[m_job]
         live = m_to != frm
@@ -139,6 +150,7 @@ def improve(p: ClusterProblem, sel: dict[int, int], until: float | None = None, 
                 if value[a, b] <= _EPS:
                     break
                 if until is not None and time.perf_counter() >= until:
+                    cut = True
                     break
                 ua, db = u_lists[a], d_lists[b]
                 iu = idb = 0
@@ -161,7 +173,7 @@ def improve(p: ClusterProblem, sel: dict[int, int], until: float | None = None, 
         if not changed:
             break
     if stats is not None:
-        stats.update(rounds=rounds, singles=singles, pairs=pairs)
+        stats.update(rounds=rounds, singles=singles, pairs=pairs, cut=cut)
     return {int(j): int(at[j]) for j in range(p.num_jobs) if at[j] < n}
 
 

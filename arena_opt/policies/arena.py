@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from arena_opt.decision import SolverStats
+from arena_opt.deadline import CallClock
+from arena_opt.decision import Decision, SolverStats
 from arena_opt.grids import Grid, GridCatalog
 from arena_opt.milp.candidates import round_problem
 from arena_opt.milp.certify import WITHIN_GAP, relax
-from arena_opt.milp.greedy import greedy_start
+from arena_opt.milp.greedy import greedy_start, greedy_variants
 from arena_opt.milp.local import improve
 from arena_opt.milp.options import ArenaOptions
 from arena_opt.milp.problem import ClusterProblem, build_problem
@@ -17,16 +18,6 @@ from arena_opt.milp.shards import merge, restrict, split
 from arena_opt.milp.solve import SolveResult, solve_problem
 from arena_opt.policies.base import GridPolicy
 from arena_opt.snapshot import ClusterSnapshot
-
-
-_AFTER_SOLVE = 0.05  # least share of the time limit kept for placement and the decision
-_AFTER_GREEDY = 1.3  # ... and at least this many times one greedy variant's wall time: placement packs the jobs
-#                      it chose on the same occupancy engine, then the decision is checked and written (10,000
-#                      jobs: one priced greedy 2.2 s CPU, placement + decision + check + write 3.1 s CPU), so one
-#                      greedy's time, measured under whatever load the host has now, predicts theirs
-_AFTER_JOB_CPU_S = 12e-6  # ... plus, per job left out of the MILP, the CPU its decision, check and write take
-#                      after the solve (150,000 jobs, 123,646 of them left out: decision + check + write 1.5-2.8 s
-#                      CPU), times the host's wall/CPU ratio measured over this round's grids
 
 
 _LP_SHARE = 0.25  # most of the time left that the LP relaxation may take before the greedy start and the MIP
@@ -38,9 +29,17 @@ class ArenaPolicy(GridPolicy):
     name = "arena"
     Options = ArenaOptions
     options: ArenaOptions
-    # perf_counter() value the round's time limit counts from when the caller started its clock before the
-    # snapshot reached the policy (the CLI: its start, so reading the snapshot and planning count too)
+    # perf_counter() and process_time() values the round's time limit counts from when the caller started
+    # its clock before the snapshot reached the policy (the CLI: process entry, so reading the snapshot counts)
     started: float | None = None
+    started_cpu: float | None = None
+    _end: float | None = None  # the last round's time limit as a perf_counter() value
+
+    def decide_usable(self, snapshot: ClusterSnapshot) -> Decision:
+        d = super().decide_usable(snapshot)
+        if self._end is not None:
+            d.stats.over_s = time.perf_counter() - self._end
+        return d
 
     def problem(self, snapshot: ClusterSnapshot) -> ClusterProblem:
         grids = GridCatalog.of(self.estimator, self.options.caution).all_grids(
@@ -49,22 +48,25 @@ class ArenaPolicy(GridPolicy):
 
     def choose(self, snapshot: ClusterSnapshot):
         o = self.options
-        t0, c0 = time.perf_counter(), time.process_time()
-        # the time limit holds for the whole round: grids, model, hand-off and solve, less what is kept
-        # for placement and the decision
-        end = (self.started if self.started is not None else t0) + o.time_limit_s
+        # the time limit holds for the whole call: reading (when the caller's clock started before), grids,
+        # model, hand-off, solve, and the phases after the choice (placement, decision, check), for which
+        # the clock keeps a reserve scaled to the round's jobs and this process's share of a core
+        clock = CallClock(o.time_limit_s, self.started, self.started_cpu if self.started is not None else None)
+        self._end = clock.end
+        if self.started is not None:
+            clock.lap("read")
         # grids only for the jobs that enter the MILP (milp/candidates.py)
         full, cand = round_problem(snapshot, GridCatalog.of(self.estimator, o.caution), o)
-        t_grids = time.perf_counter() - t0
-        slowdown = max(1.0, t_grids / max(time.process_time() - c0, 1e-9))
-        reserve = 0.0 if cand is None else _AFTER_JOB_CPU_S * (full.num_jobs - len(cand)) * slowdown
-        end -= reserve
-        deadline = end - o.time_limit_s * _AFTER_SOLVE
+        clock.lap("grids")
+        t_grids = clock.phases["grids"]
         p, jobs, note = full, None, None
         if cand is not None:
             jobs, p = cand, restrict(p, cand)
             note = (f"{full.num_jobs - len(cand)} waiting jobs of lower value per GPU left out of the MILP "
                     f"(candidate_factor {o.candidate_factor})")
+        gpus = sum(pi.gpus_per_node * (pi.empty_nodes + len(pi.occupied)) for pi in p.pools.values())
+        # until a selection is known, as many jobs run as could (one GPU each at least)
+        deadline = clock.end - clock.after_choice_s(full.num_jobs, min(p.num_jobs, gpus))
         sharded = o.shards > 1 and p.num_jobs >= 2 * o.shards
         # Pyomo's hand-off of 170,000 binaries alone takes longer than a 10 s limit: large models go as arrays
         backend = o.backend if o.pyomo_max_grids is None or len(p.grids) <= o.pyomo_max_grids else "highspy"
@@ -73,17 +75,27 @@ class ArenaPolicy(GridPolicy):
         start, skipped, solver = None, False, f"highs via {backend}"
         if sharded:
             res = self._solve_sharded(p, backend, deadline)
+            clock.lap("highs")
         else:
-            res, start, skipped, proved = self._solve_whole(p, backend, heuristic, end, deadline)
+            res, start, skipped, proved = self._solve_whole(p, backend, heuristic, clock, full.num_jobs, deadline)
             if proved:
                 solver, note = "highs LP relaxation via highspy", "; ".join(filter(None, [note, proved]))
         stats = SolverStats(solver=solver, status=res.status, objective=res.objective, bound=res.bound,
                             gap=res.gap, build_s=t_grids + res.build_s, solve_s=res.solve_s,
                             shards=o.shards if sharded else 1,
-                            num_grids=len(p.grids), note=note)
+                            num_grids=len(p.grids), note=note, time_limit_s=o.time_limit_s)
         sel = res.selection
         if sel is None:
-            sel = start if start is not None else improve(p, greedy_start(p), until=deadline)
+            if start is None:
+                start = greedy_start(p)
+                clock.lap("greedy")
+                info = {}
+                start = improve(p, start, until=clock.end - clock.after_choice_s(full.num_jobs, len(start)),
+                                stats=info)
+                clock.lap("improve")
+                if info["cut"]:
+                    clock.cut_short("improve")
+            sel = start
             stats.fallback = True
             stats.objective = p.objective(sel)
             why = (f" (HiGHS not run: {len(p.grids)} grids, more than highs_max_grids {o.highs_max_grids})"
@@ -92,6 +104,7 @@ class ArenaPolicy(GridPolicy):
                    " (the deadline passed before HiGHS started)" if skipped else "")
             stats.note = "; ".join(filter(None, [note, f"solver returned no solution ({res.status}){why}; greedy "
                                                        f"feasible decision used (improved by local moves)"]))
+        stats.phases, stats.cut_short = dict(clock.phases), list(clock.cut)
         chosen: dict[str, Grid] = {p.job_ids[j]: p.grids[k] for j, k in sel.items()}
         reasons = dict(full.waiting_reason)
         if jobs is not None:
@@ -101,9 +114,11 @@ class ArenaPolicy(GridPolicy):
                     reasons[full.job_ids[j]] = "queued: jobs of higher value per GPU already fill the cluster"
         return chosen, reasons, stats
 
-    def _solve_whole(self, p: ClusterProblem, backend: str, heuristic: bool, end: float, deadline: float):
+    def _solve_whole(self, p: ClusterProblem, backend: str, heuristic: bool, clock: CallClock, jobs: int,
+                     deadline: float):
         """One model for the whole round: (result, greedy start or None, whether the deadline passed before
-        HiGHS started, what proved the round without the MIP or None)."""
+        HiGHS started, what proved the round without the MIP or None). `jobs`: the snapshot's, for the
+        reserve of the phases after the choice."""
         o = self.options
         lp = None
         if backend == "highspy" and not heuristic and len(p.grids) <= o.lp_certificate_max_grids:
@@ -112,23 +127,31 @@ class ArenaPolicy(GridPolicy):
             # the MIP is needed; otherwise its bound may still prove the greedy start optimal within the gap
             t = time.perf_counter()
             lp = relax(p, threads=o.threads, deadline=t + (deadline - t) * _LP_SHARE, time_limit_s=o.time_limit_s)
+            clock.lap("lp")
             res = lp.optimum(p) if lp is not None else None
             if res is not None:
                 return res, None, False, _PROVED["optimal"]
         # the greedy selection (greedy_start: the best of a few orders), improved by local moves, as HiGHS's
         # first incumbent: the search prunes from the root, and a round whose best move gains less than
         # the gap keeps it; it is also the decision when the deadline passes before HiGHS has anything
-        t_greedy, runs, start = time.perf_counter(), [], None
+        start = None
         if backend == "highspy":
             # half of what is left at most for the greedy variants (the first alone where HiGHS is not run:
             # local moves gain more in that time than other orders), then up to half of the rest for the
             # local improvement, the rest for HiGHS
+            t_greedy, runs = time.perf_counter(), []
             start = greedy_start(p, until=t_greedy if heuristic else t_greedy + (deadline - t_greedy) / 2,
                                  runs_s=runs)
-            if runs:
-                deadline = min(deadline, end - _AFTER_GREEDY * max(runs))
-            t = time.perf_counter()
-            start = improve(p, start, until=deadline if heuristic else t + (deadline - t) / 2)
+            clock.lap("greedy")
+            if not heuristic and len(runs) < greedy_variants(p):
+                clock.cut_short("greedy")
+            # the selection is known: the reserve for its placement and decision
+            deadline = clock.end - clock.after_choice_s(jobs, len(start))
+            t, info = time.perf_counter(), {}
+            start = improve(p, start, until=deadline if heuristic else t + (deadline - t) / 2, stats=info)
+            clock.lap("improve")
+            if info["cut"] and heuristic:
+                clock.cut_short("improve")
         if lp is not None and start is not None:
             res = lp.certify(p, start, o.mip_gap)
             if res is not None:
@@ -136,13 +159,17 @@ class ArenaPolicy(GridPolicy):
         if heuristic:
             return SolveResult(None, "not_run", None, None, None, 0.0, 0.0), start, False, None
         if time.perf_counter() >= deadline:
+            clock.cut_short("highs")
             return SolveResult(None, "time_limit", None, None, None, 0.0, 0.0), start, True, None
         res = solve_problem(p, time_limit_s=o.time_limit_s, mip_gap=o.mip_gap, threads=o.threads, backend=backend,
                             start=start, deadline=deadline)
         if lp is not None:  # the relaxation that proved nothing counts as model time
             res.build_s += lp.build_s + lp.solve_s
+        if res.abandoned or res.status == "time_limit":
+            clock.cut_short("highs")
         if res.selection is not None and res.status != "optimal":
             res = _improved(p, res, until=deadline)
+        clock.lap("highs")
         return res, start, False, None
 
     def _solve_sharded(self, p: ClusterProblem, backend: str, deadline: float) -> SolveResult:

@@ -56,11 +56,15 @@ class GridPolicy(Policy):
     def decide_usable(self, snapshot: ClusterSnapshot) -> Decision:
         t0 = time.perf_counter()
         chosen, reasons, stats = self.choose(snapshot)
+        t1 = time.perf_counter()
         contention = self.contention(snapshot)
         placements = place(snapshot, chosen, contention)
         slow = None if contention is None else contention.slowdowns()
-        stats.total_s = time.perf_counter() - t0
-        return build_decision(snapshot, self.name, chosen, placements, reasons, stats, slow, self._options_json)
+        t2 = time.perf_counter()
+        stats.total_s = t2 - t0
+        d = build_decision(snapshot, self.name, chosen, placements, reasons, stats, slow, self._options_json)
+        d.stats.phases.update(place=t2 - t1, decision=time.perf_counter() - t2)
+        return d
 
     def contention(self, snapshot: ClusterSnapshot) -> Contention | None:
         colocation = self.options.colocation
