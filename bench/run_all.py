@@ -77,6 +77,12 @@ BENCHES = (
                              " --gen a100:2560x4,v100:640x16,a40:5120x2,a10:5120x2/10000/7/0.1"
                              " --gen a100:2560x4,v100:640x16,a40:5120x2,a10:5120x2/10000/7/0.0",), 200),
     # issue 13.5's 150,000-job snapshot (`gen-instance --preset large --jobs 150000 --seed 3`), cold and warm
+    # the bound on those two rounds' objective (LP relaxations, the MILP for 60 s) and their CLI objectives
+    # (read from speed-10k) against it
+    Bench("round_bound.json", ("python bench/round_bound.py"
+                               " --gen a100:2560x4,v100:640x16,a40:5120x2,a10:5120x2/10000/7/0.1"
+                               " --gen a100:2560x4,v100:640x16,a40:5120x2,a10:5120x2/10000/7/0.0"
+                               " --speed bench/results/speed-10k.json",), 300, after=("speed-10k.json",)),
     Bench("speed-150k.json", ("python bench/speed.py --name speed-150k"
                               " --gen a100:80x4,v100:20x16,a40:160x2,a10:160x2/150000/3/0.5",), 300),
     Bench("solve.json", ("python bench/solve.py --rounds 3",), 150),

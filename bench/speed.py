@@ -49,7 +49,8 @@ def one_call(snapshot: str, cache: str, time_limit: float) -> dict:
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mib": after.ru_maxrss / 1024, "load_1min": load,
             "round_s": stats["total_s"], "grids_s": stats["build_s"], "solve_s": stats["solve_s"],
             "status": stats["status"], "fallback": stats["fallback"], "objective": stats["objective"],
-            "bound": stats["bound"], "grids": stats["num_grids"]}
+            "bound": stats["bound"], "grids": stats["num_grids"], "over_s": stats.get("over_s"),
+            "cut_short": stats.get("cut_short", []), "phases": stats.get("phases", {})}
 
 
 def generated(spec: str, folder: str) -> str:
@@ -90,11 +91,12 @@ def main(argv=None) -> int:
     lines = [f"# Round wall time, cold and warm\n\nCommand: `{meta['command']}`  \nMachine: {meta['machine']}  \n"
              f"Commit {meta['commit']}, {meta['date']}, time limit {args.time_limit} s.\n",
              "| snapshot | jobs | GPUs | grids | plans | call wall s | CPU s | load | round s | grids+plans s | "
-             "solve s | status | fallback | objective | peak MiB |", "|" + "---|" * 15]
+             "solve s | status | fallback | objective | peak MiB | wall / limit | cut short |", "|" + "---|" * 17]
     for r in rows:
         lines.append(f"| {r['snapshot']} | {r['jobs']} | {r['gpus']} | {r['grids']} | {r['kind']} | {r['wall_s']:.2f} | "
                      f"{r['cpu_s']:.2f} | {r['load_1min']:.1f} | {r['round_s']:.2f} | {r['grids_s']:.2f} | "
-                     f"{r['solve_s']:.2f} | {r['status']} | {r['fallback']} | {r['objective']:.6g} | {r['peak_rss_mib']:.0f} |")
+                     f"{r['solve_s']:.2f} | {r['status']} | {r['fallback']} | {r['objective']:.6g} | {r['peak_rss_mib']:.0f} | "
+                     f"{r['wall_s'] / args.time_limit:.2f} | {', '.join(r['cut_short']) or '-'} |")
     write_result(out / f"{args.name}.json", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n",
                  inputs=files)
     print("\n".join(lines))
