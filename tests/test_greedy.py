@@ -1,6 +1,7 @@
 """The greedy's packer (milp/greedy.py `_Free`, counts and pointers) takes exactly what the occupancy
 engine's rules would: the packer it replaced, which placed every take with `Occupancy.find_shape`, is
-kept here as the oracle, and every greedy selection must be the same with either."""
+kept here as the oracle, and every greedy selection must be the same with either (the oracle never
+reports the cluster full, so the greedy's early stop on a full cluster is checked too)."""
 
 import numpy as np
 import pytest
@@ -47,6 +48,9 @@ class OccupancyFree:
         self._n += 1
         self.occ.hold(f"grid/{self._n}", pl)
         return True
+
+    def full(self) -> bool:
+        return False  # never skips the jobs left once the cluster is full: the new packer's skip is checked
 
     def stay(self, j: int) -> bool:
         home = self.homes.get(j, [])
