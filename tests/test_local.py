@@ -51,9 +51,10 @@ def test_improve_never_lowers_the_objective_nor_breaks_feasibility(p):
 
 
 def test_improve_reaches_the_optimum_the_greedy_start_misses():
-    """Seed 2 on one 4-GPU a100 node and one 8-GPU v100 node: the greedy start leaves 2.55 of 10.61 on the
-    table (a job on the wrong node type); pairs of moves (one job moves over, another takes its place) close it."""
-    snap = tiny(2, spec={"a100": (1, 4), "v100": (1, 8)}, jobs=5)
+    """Seed 11 on one 4-GPU a100 node and one 8-GPU v100 node: the greedy start leaves 14.82 of 46.90 on the
+    table; the moves close it. (Seed 2, this test's case under the uncalibrated model, greedy 8.06 -> 10.61, now
+    stops at 8.42 of 10.19 under the calibrated one: local moves are a heuristic.)"""
+    snap = tiny(11, spec={"a100": (1, 4), "v100": (1, 8)}, jobs=5)
     p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=8), ArenaOptions(max_gpus_per_job=8))
     best = max(p.objective(s) for s in all_selections(p) if p.feasible(s))
     start = greedy_start(p)

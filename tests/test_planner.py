@@ -427,3 +427,34 @@ def test_split_many_memory_bound_only_drops_candidates_without_a_split(seed, mon
     f = ref.feasible
     for field in ("bounds", "iter_time_s", "stage_time_s", "mem_bytes"):
         assert np.array_equal(getattr(got, field)[f], getattr(ref, field)[f])
+
+
+def test_default_planner_prices_with_the_committed_calibration(monkeypatch):
+    import json
+
+    from arena_opt.perf import analytical
+    from arena_opt.perf.analytical import CALIBRATED_PATH, CostParams, calibrated_params
+
+    shipped = CostParams.model_validate_json(CALIBRATED_PATH.read_text())
+    # what bench/estimator.py fits on all of Arena's types: one efficiency per measured type
+    assert set(shipped.compute_eff) == {"a10", "a100-40gb", "a40", "v100-32gb"}
+    assert shipped != CostParams()
+    assert Planner().params == shipped
+    arch, gpu = get_arch("bert-760M"), BUILTIN_GPUS["a100-40gb"]
+    grid = (arch, 128, "a100-40gb", gpu, "nvlink", 1, 4, 1)
+    assert Planner().plan(*grid).proxy.iter_time_s == Planner(shipped).plan(*grid).proxy.iter_time_s
+    assert Planner().plan(*grid).proxy.iter_time_s != Planner(CostParams()).plan(*grid).proxy.iter_time_s
+    # a fresh copy each call: a caller's change does not reach the next planner
+    p = calibrated_params()
+    p.compute_eff["a100-40gb"] = 0.01
+    assert calibrated_params() == shipped
+    # the bench writes the same parameters into its results and into the package
+    bench_copy = CALIBRATED_PATH.parents[2] / "bench" / "results" / "calibrated_params.json"
+    assert json.loads(bench_copy.read_text()) == json.loads(CALIBRATED_PATH.read_text())
+    # without the file: the uncalibrated defaults
+    analytical._calibrated_json.cache_clear()
+    monkeypatch.setattr(analytical, "CALIBRATED_PATH", CALIBRATED_PATH.with_name("missing.json"))
+    try:
+        assert calibrated_params() == CostParams()
+    finally:
+        analytical._calibrated_json.cache_clear()

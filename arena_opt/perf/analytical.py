@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -89,6 +90,25 @@ class CostParams(BaseModel):
 
     def dtype(self, family: str) -> Dtype:
         return self.dtype_by_family.get(family, "fp16")
+
+
+# the parameters calibrated on Arena's measured table, all GPU types (bench/estimator.py writes them)
+CALIBRATED_PATH = Path(__file__).with_name("calibrated_params.json")
+
+
+@lru_cache(maxsize=1)
+def _calibrated_json() -> str | None:
+    return CALIBRATED_PATH.read_text() if CALIBRATED_PATH.is_file() else None
+
+
+def calibrated_params() -> CostParams:
+    """The committed calibrated parameters: what the planner prices with unless given others, so the
+    scheduler decides on the model fitted to measurements and the committed error band (perf/band.py,
+    residuals of the same fit) describes the parameters in use. They keep the fit's setting of the measured
+    runtime (Alpa's GShard einsum dispatch for MoE, fp32 Wide-ResNet): efficiencies fitted on those FLOPs
+    hold only with them. `CostParams()` (uncalibrated) where the file is not there. A fresh copy each call."""
+    text = _calibrated_json()
+    return CostParams.model_validate_json(text) if text is not None else CostParams()
 
 
 @dataclass(frozen=True)
@@ -304,5 +324,5 @@ def roofline_load_s(table: LayerTable, gpu: GpuSpec, *, micro_batch_size: float,
     return np.where(q.flops > 0, q.flops / np.maximum(attainable, 1.0), q.ew_bytes / bw)
 
 
-__all__ = ["GIB", "CostParams", "CostTable", "Links", "LayerTerms", "RATE_NAMES", "allreduce_s", "cost_table",
+__all__ = ["CALIBRATED_PATH", "GIB", "CostParams", "CostTable", "Links", "LayerTerms", "RATE_NAMES", "allreduce_s", "calibrated_params", "cost_table",
            "layer_costs", "layer_terms", "links_for", "peak_flops", "rate_vector", "roofline_load_s"]

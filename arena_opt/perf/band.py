@@ -30,9 +30,10 @@ a committed model and a freshly built one calibrate alike.
 
 Which parameters: the residuals are those of the fold's calibrated parameters (bench/band.py fits
 `calibrate.fit` from bench/estimator.py's ARENA_BASE on the other types), so a band is the error of the
-calibrated model; `source["params"]` records it. An estimator at other parameters (`arena-opt solve`
-without calibrated parameters runs CostParams()) gets bands that describe the calibrated model's error,
-not its own; the estimator warns of nothing, so pass the calibrated parameters where bands are used.
+calibrated model; `source["params"]` records it. The planner prices with the committed all-types fit
+(`analytical.calibrated_params`, arena_opt/perf/calibrated_params.json, written by the same bench) unless
+given other parameters; an estimator at other parameters gets bands that describe the calibrated model's
+error, not its own (the estimator warns of nothing).
 
 Distance from the calibrated region, in octaves: the micro-batch count's distance from the nearest count
 the measurements ran, plus the GPU count's distance beyond the measured range. A family no measurement

@@ -20,7 +20,7 @@ import numpy as np
 
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf import stage_shapes
-from arena_opt.perf.analytical import GIB, CostParams, cost_table, layer_costs, links_for
+from arena_opt.perf.analytical import GIB, CostParams, calibrated_params, cost_table, layer_costs, links_for
 from arena_opt.perf.band import default_band
 from arena_opt.perf.compose import LayerCosts, Splits, may_fit, split_many, stack, take
 from arena_opt.plan import Plan
@@ -117,7 +117,7 @@ def _code_version() -> str:
 class Planner:
     def __init__(self, params: CostParams | None = None, layer_source=None, per_stage: bool | None = None,
                  stage_band="default"):
-        self.params = params or CostParams()
+        self.params = params or calibrated_params()
         # per-stage (dp, tp) plans (perf/stage_shapes.py); None = $ARENA_OPT_PER_STAGE decides
         self.per_stage = stage_shapes.enabled() if per_stage is None else per_stage
         # the error band a per-stage plan must win by (stage_shapes.margin): the committed band model by
