@@ -2,7 +2,7 @@
 leave-one-GPU-type-out.
 
     python bench/estimator.py [--table PATH] [--out bench/results] [--jobs N]
-    python bench/estimator.py --loto-only [--types a100-40gb,a40] [--jobs N]   (iteration loop: prints
+    python bench/estimator.py --loto-only [--types a100-40gb,a40] [--by-shape] [--jobs N]   (iteration loop: prints
         the leave-one-type-out summary of those folds, writes nothing)
 
 For each GPU type T: fit the cost model (`arena_opt.perf.calibrate.fit`) on the other three types,
@@ -14,7 +14,9 @@ data-sheet peak); nothing of T's data is used. Predictions are reported two ways
   micro-batch and recomputation choices).
 Also: the uncalibrated defaults, the in-sample fit (all four types) whose parameters are written to
 `calibrated_params.json`, and Arena's own per-plan estimator (`arena_estimated`, best plan per grid)
-against the same measurements for reference. Writes estimator.json and estimator.md.
+against the same measurements for reference. Writes estimator.json and estimator.md; the in-sample
+parameters also go to arena_opt/perf/calibrated_params.json (`--params-out`), the package data the planner
+prices with by default (`analytical.calibrated_params`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from _perf_common import (arena_estimates, command, err_stats, fmt_pct, git_rev,
                           table_path, write)
 
 from arena_opt.perf import calibrate as cal
-from arena_opt.perf.analytical import CostParams
+from arena_opt.perf.analytical import CALIBRATED_PATH, CostParams
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.perf.table import PerfTable
 from arena_opt.io import atomic_write  # noqa: E402
@@ -92,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loto-only", action="store_true",
                     help="only the leave-one-type-out folds; print their summary, write no result")
     ap.add_argument("--types", default=None, help="with --loto-only: comma-separated held-out types")
+    ap.add_argument("--by-shape", action="store_true",
+                    help="with --loto-only: also one line per held-out type and placement (nodes x GPUs per node)")
+    ap.add_argument("--params-out", type=Path, default=CALIBRATED_PATH,
+                    help="where the in-sample parameters go as the package's default (also written to --out)")
     args = ap.parse_args(argv)
     path = table_path(args.table)
     if path is None:
@@ -107,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"--types: no measured rows of {', '.join(unknown)} (have {', '.join(types)})", file=sys.stderr)
             return 2
-        print(loto_summary(obs, cal.leave_one_type_out(obs, ARENA_BASE, held=held, jobs=args.jobs)))
+        print(loto_summary(obs, cal.leave_one_type_out(obs, ARENA_BASE, held=held, jobs=args.jobs),
+                           by_shape=args.by_shape))
         return 0
 
     # uncalibrated defaults (what the estimator uses without a calibration)
@@ -159,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     loo_planner["plan_knobs"] = {k: err_stats(v) for k, v in sorted(knobs.items())}
     arena_ref = arena_reference(Path(path), obs)
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write(args.out / "calibrated_params.json", full.params.model_dump_json(indent=1) + "\n")
+    params_json = full.params.model_dump_json(indent=1) + "\n"
+    atomic_write(args.out / "calibrated_params.json", params_json)
+    args.params_out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(args.params_out, params_json)
 
     payload = {"command": command(), "git": git_rev(), "machine": machine(), "table": str(path),
                "seconds": time.perf_counter() - t_start, "rows": len(obs),
@@ -168,14 +178,15 @@ def main(argv: list[str] | None = None) -> int:
                "uncalibrated": uncal, "arena_own_estimator": arena_ref, "calibrated_params": full.params.model_dump(),
                "fold_params": fold_params, "predictions": rows}
     md = render(payload)
-    jp, mp = write(args.out, "estimator", payload, md, written=[args.out / "calibrated_params.json"])
+    jp, mp = write(args.out, "estimator", payload, md, written=[args.out / "calibrated_params.json", args.params_out])
     print(md)
     log(f"wrote {jp} and {mp}")
     return 0
 
 
-def loto_summary(obs: list[cal.Observation], folds: dict[str, cal.FitResult]) -> str:
-    """One line per plan space and group (all, each held-out type) of the given folds' rows."""
+def loto_summary(obs: list[cal.Observation], folds: dict[str, cal.FitResult], by_shape: bool = False) -> str:
+    """One line per plan space and group (all, each held-out type; with `by_shape` also each held-out
+    type and placement) of the given folds' rows."""
     lines = []
     for space_name, space in (("reference", cal.ARENA_SPACE), ("planner", None)):
         sel, pred = [], []
@@ -184,8 +195,15 @@ def loto_summary(obs: list[cal.Observation], folds: dict[str, cal.FitResult]) ->
             sel += test
             pred += (planner_predictions(test, res.params) if space is None
                      else [t for t, _ in cal.predict(test, res.params, space)])
-        g = grouped(sel, rel_errors(sel, pred))
-        for name, st in [("all", g["all"])] + [(f"gpu_type={k}", v) for k, v in g["gpu_type"].items()]:
+        rel = rel_errors(sel, pred)
+        g = grouped(sel, rel)
+        named = [("all", g["all"])] + [(f"gpu_type={k}", v) for k, v in g["gpu_type"].items()]
+        if by_shape:  # where the error sits: held-out type x placement (nodes x GPUs per node)
+            shapes: dict = defaultdict(list)
+            for o, r in zip(sel, rel):
+                shapes[(o.gpu_type, o.nodes * o.gpus_per_node, o.nodes)].append(r)
+            named += [(f"{t} {k}x{n // k}", err_stats(v)) for (t, n, k), v in sorted(shapes.items())]
+        for name, st in named:
             lines.append(f"{space_name:9s} {name:22s} n={st['n']:3d} median {fmt_pct(st['median'])} "
                          f"p90 {fmt_pct(st['p90'])} signed {fmt_pct(st['median_signed'])}")
     knobs = {k: (v.params.microbatch_overhead_s, v.params.recompute_cost) for k, v in folds.items()}
