@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
@@ -100,6 +101,35 @@ def cpu_work(prof, plan: Plan, comm, topo, scale: float = 1.0) -> float:
                                    + p.dp_cpu_s[a:e].sum() + p.call_s for a, e in stages)
 
 
+def evaluate(prof, plan: Plan, r: dict, comm, topo, contention_k: float = 1.0) -> dict:
+    """One measured plan against its estimates: on a dedicated host, at the run's host speed (speed
+    probe), with the contention micro-benchmark's slowdown, and on the host as the run found it (speed
+    and the share of a core its computing ranks got, as other tenants' runnable tasks in the
+    processor-sharing schedule: `profile_costs.host_background`); CPU work against the ranks' step CPU."""
+    w = plan.num_gpus
+    meas = r["iter_s"]
+    est = pc.plan_time(prof, plan, BATCH, comm, topo).iter_time_s
+    speed = r["probe_s"] / prof.probe_s  # the profile's compute at the host speed the run's probe saw
+    est_speed = pc.plan_time(prof, plan, BATCH, comm, topo, compute_scale=speed).iter_time_s
+    est_cont = pc.plan_time(prof, plan, BATCH, comm, topo, compute_scale=contention_k).iter_time_s
+    share = r.get("host_share")
+    bg = pc.host_background(prof, plan, BATCH, comm, topo, share, speed) if share else 0.0
+    est_host = pc.plan_time(prof, plan, BATCH, comm, replace(topo, background=bg), compute_scale=speed).iter_time_s
+    est_cpu, est_cpu_speed = cpu_work(prof, plan, comm, topo), cpu_work(prof, plan, comm, topo, speed)
+    meas_cpu = r.get("step_cpu_s") or r["own_cpu_step_s"]  # old runs: the window's CPU, probes included
+    return {"arch": prof.arch.name, "world": w, "plan": plan.describe(), "stages": plan.stages,
+            "estimate_s": est, "measured_s": meas, "measured_min_s": min(r["times"]), "steps_s": r["times"],
+            "round_s": r["round_s"], "spread": r["spread"], "cpu_share": meas_cpu / (meas * min(w, topo.cores)),
+            "other_runnable": r.get("ambient_runnable") or 0.0, "other_cores_busy": r.get("ambient_cores"),
+            "rel_err": est / meas - 1, "rel_err_min": est / min(r["times"]) - 1,
+            "host_share": share, "host_background": bg, "estimate_host_s": est_host,
+            "rel_err_host": est_host / meas - 1,
+            "estimate_cpu_s": est_cpu, "measured_cpu_s": meas_cpu, "rel_err_cpu": est_cpu / meas_cpu - 1,
+            "speed_ratio": speed, "estimate_speed_s": est_speed, "rel_err_speed": est_speed / meas - 1,
+            "rel_err_cpu_speed": est_cpu_speed / meas_cpu - 1,
+            "contention": contention_k, "estimate_contended_s": est_cont, "rel_err_contended": est_cont / meas - 1}
+
+
 def combine(runs: list[dict]) -> dict:
     """One plan's rounds as one measurement: the median of the rounds' median steps (`round_s`, their
     spread (max - min) / median), every timed step, and the rounds' medians of the per-step CPU time of
@@ -114,7 +144,14 @@ def combine(runs: list[dict]) -> dict:
         vals = [r[key] for r in ok if r.get(key) is not None]
         return med(vals) if vals else None
 
+    def round_share(r):  # the compute threads' on-CPU time over on-CPU plus run-queue delay, pooled
+        run, wait = sum(r.get("step_main_cpu_s") or []), sum(r.get("step_wait_s") or [])
+        return run / (run + wait) if run > 0 and wait == wait else None
+
+    shares = [x for r in ok if (x := round_share(r)) is not None]
+    step_cpu = [statistics.fmean(r["step_cpu_s"]) for r in ok if r.get("step_cpu_s")]
     return {"iter_s": med(rounds), "round_s": rounds, "spread": (max(rounds) - min(rounds)) / med(rounds),
+            "host_share": med(shares) if shares else None, "step_cpu_s": med(step_cpu) if step_cpu else None,
             "times": [t for r in ok for t in r["times"]], "own_cpu_step_s": med(r["own_cpu_s"] / len(r["times"])
                                                                                  for r in ok),
             "probe_s": of("probe_s"), "ambient_runnable": of("ambient_runnable"), "ambient_cores": of("ambient_cores")}
@@ -198,36 +235,13 @@ def main(argv: list[str] | None = None) -> int:
                                    "error": r["error"]})
                     log(f"  {plan.describe():22s} failed to run: {r['error']}")
                     continue
-                bg = r["ambient_runnable"] or 0.0
-                est = pc.plan_time(prof, plan, BATCH, comm, topo).iter_time_s
-                est_cpu = cpu_work(prof, plan, comm, topo)
-                # the profile's compute at the host speed the run's speed probe saw
-                speed = r["probe_s"] / prof.probe_s
-                est_speed = pc.plan_time(prof, plan, BATCH, comm, topo, compute_scale=speed).iter_time_s
-                est_cpu_speed = cpu_work(prof, plan, comm, topo, speed)
-                est_cont = pc.plan_time(prof, plan, BATCH, comm, topo, compute_scale=slowdown_k[w]).iter_time_s
-                meas_cpu = r["own_cpu_step_s"]
-                est_load = pc.plan_time(prof, plan, BATCH, comm,
-                                        pc.Topology(intra="loopback", cores=cores, background=bg)).iter_time_s
-                rows.append({"model": name, "arch": arch.name, "world": w, "plan": plan.describe(),
-                             "stages": plan.stages, "estimate_s": est, "estimate_load_aware_s": est_load,
-                             "measured_s": r["iter_s"], "measured_min_s": min(r["times"]), "steps_s": r["times"],
-                             "load_avg": la, "load_avgs": loads[w], "round_s": r["round_s"],
-                             "spread": r["spread"], "cpu_share": meas_cpu / (r["iter_s"] * min(w, cores)),
-                             "other_runnable": bg, "other_cores_busy": r["ambient_cores"],
-                             "rel_err": est / r["iter_s"] - 1, "rel_err_min": est / min(r["times"]) - 1,
-                             "rel_err_load_aware": est_load / r["iter_s"] - 1,
-                             "estimate_cpu_s": est_cpu, "measured_cpu_s": meas_cpu, "rel_err_cpu": est_cpu / meas_cpu - 1,
-                             "speed_ratio": speed, "estimate_speed_s": est_speed,
-                             "rel_err_speed": est_speed / r["iter_s"] - 1,
-                             "rel_err_cpu_speed": est_cpu_speed / meas_cpu - 1,
-                             "contention": slowdown_k[w], "estimate_contended_s": est_cont,
-                             "rel_err_contended": est_cont / r["iter_s"] - 1})
-                log(f"  {plan.describe():22s} est {est:.3f} s (load-aware {est_load:.3f})  meas {r['iter_s']:.3f} s "
-                    f"(min {min(r['times']):.3f}, other tenants {bg:.1f} runnable)  "
-                    f"err {100 * rows[-1]['rel_err']:+.1f}% / {100 * rows[-1]['rel_err_load_aware']:+.1f}%; "
-                    f"speed x{speed:.2f}: est {est_speed:.3f} s, err {100 * rows[-1]['rel_err_speed']:+.1f}%; "
-                    f"with contention {est_cont:.3f} s, err {100 * rows[-1]['rel_err_contended']:+.1f}%")
+                rows.append(evaluate(prof, plan, r, comm, topo, slowdown_k[w]))
+                rows[-1].update(model=name, load_avg=la, load_avgs=loads[w])
+                log(f"  {plan.describe():22s} est {rows[-1]['estimate_s']:.3f} s, meas {r['iter_s']:.3f} s "
+                    f"(min {min(r['times']):.3f}), err {fmt_pct(rows[-1]['rel_err'])}; speed x{rows[-1]['speed_ratio']:.2f}, "
+                    f"host share {fmt_pct(rows[-1]['host_share'])} (background {rows[-1]['host_background']:.1f}): "
+                    f"est {rows[-1]['estimate_host_s']:.3f} s, err {fmt_pct(rows[-1]['rel_err_host'])}; "
+                    f"CPU est {rows[-1]['estimate_cpu_s']:.3f} / meas {rows[-1]['measured_cpu_s']:.3f} s")
 
     by_world = defaultdict(list)
     by_world_min = defaultdict(list)
@@ -246,13 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         by_world_cpu[r["world"]].append(r["rel_err_cpu"])
         by_world[r["world"]].append(r["rel_err"])
         by_world_min[r["world"]].append(r["rel_err_min"])
-        by_world_load[r["world"]].append(r["rel_err_load_aware"])
+        by_world_load[r["world"]].append(r["rel_err_host"])
     payload = {"command": command(), "git": git_rev(), "machine": machine(), "cores": cores,
                "seconds": time.perf_counter() - t_start, "comm_bench_s": comm_s, "profile_s": profile_s,
                "batch": BATCH, "scales": SCALES,
                "per_world": {str(w): err_stats(v) for w, v in sorted(by_world.items())},
                "per_world_vs_min_step": {str(w): err_stats(v) for w, v in sorted(by_world_min.items())},
-               "per_world_load_aware": {str(w): err_stats(v) for w, v in sorted(by_world_load.items())},
+               "per_world_host": {str(w): err_stats(v) for w, v in sorted(by_world_load.items())},
                "per_world_cpu": {str(w): err_stats(v) for w, v in sorted(by_world_cpu.items())},
                "per_world_speed": {str(w): err_stats(v) for w, v in sorted(by_world_speed.items())},
                "per_world_cpu_speed": {str(w): err_stats(v) for w, v in sorted(by_world_cpu_speed.items())},
@@ -294,7 +308,21 @@ def render(p: dict) -> str:
            "rank, median of the timed steps.\n",
            f"Profiling took {', '.join(f'{k} {v:.0f} s' for k, v in p['profile_s'].items())}; "
            f"the collective benchmark {p['comm_bench_s']:.0f} s.\n",
-           "## Relative error per process count (estimate / measured median - 1)\n",
+           "## On the host as the run found it (estimate / measured median - 1)\n",
+           "The host is shared with other tenants, who take cores from the ranks for a varying part of every step. "
+           "Every rank reads the kernel's scheduler accounting (`/proc/thread-self/schedstat`) of its compute "
+           "thread around each timed step: its on-CPU time and its run-queue delay (runnable, but every core busy). "
+           "Their ratio, on-CPU / (on-CPU + delay) pooled over a round's steps and ranks, is the share of a core a "
+           "computing rank got (column `host share`; median over the rounds). The estimate is placed on that host: "
+           "compute at the run's speed (speed probe, below), and other tenants' runnable tasks in the "
+           "processor-sharing schedule as many as make a computing rank's share in the schedule equal the measured "
+           "one (`profile_costs.host_background`, column `bg`; 0 where the ranks got what they get alone). Nothing "
+           "is fitted to the step time: the share is a separate kernel counter, and the ranks' own sharing of the "
+           "cores (4 ranks on 2 cores), their waits on each other and on collectives stay the schedule's.\n",
+           err_table(p["per_world_host"]),
+           "\n## On a dedicated host (estimate / measured median - 1)\n",
+           "The estimate as the planner sees it (profile speed, no other tenants) against the same measurements: "
+           "what this host's other tenants cost the runs.\n",
            err_table(p["per_world"]),
            f"\nRepeatability ({p.get('rounds', 1)} launches per world size, interleaved; pinned: "
            f"{'yes' if p.get('pin') else 'no'}): spread (max - min) / median of a plan's round medians, and the "
@@ -315,24 +343,22 @@ def render(p: dict) -> str:
            err_table(p["per_world_speed"]),
            "\nCPU work at the run's host speed (all ranks' CPU seconds per step, estimated vs measured):\n",
            err_table(p["per_world_cpu_speed"]),
-           "\nLoad-aware estimate (the runnable tasks of other tenants, sampled by the launching process during the "
-           "run, enter the processor-sharing schedule as background load; the sample also counts some of the ranks' "
-           "own threads caught between states, so it is biased upwards with 4 ranks):\n",
-           err_table(p["per_world_load_aware"]),
-           "\nCPU work (all ranks' CPU seconds per step, estimated vs measured process CPU time): separates the "
-           "compute terms from scheduling:\n",
+           "\nCPU work (all ranks' CPU seconds per step, estimated vs measured: every thread's on-CPU time over the "
+           "timed step (speed probes and barriers outside it), from the same scheduler accounting): separates the compute terms from scheduling:\n",
            err_table(p["per_world_cpu"]),
            "\nAgainst the least disturbed (minimum) step:\n",
            err_table(p["per_world_vs_min_step"]),
            "\n## Every plan\n",
-           md_table(["model", "processes", "plan", "estimate s", "load-aware s", "measured s (median)", "min step s",
-                     "error", "with contention s", "error with contention", "load-aware error", "speed",
+           md_table(["model", "processes", "plan", "estimate s", "measured s (median)", "min step s",
+                     "error", "host share", "bg", "on the host s", "error on the host", "with contention s",
+                     "error with contention", "speed",
                      "at run speed s", "error at run speed", "other runnable", "CPU s est / meas", "spread",
                      "CPU share"],
-                    [[r["arch"], r["world"], r["plan"], f"{r['estimate_s']:.3f}", f"{r['estimate_load_aware_s']:.3f}",
+                    [[r["arch"], r["world"], r["plan"], f"{r['estimate_s']:.3f}",
                       f"{r['measured_s']:.3f}", f"{r['measured_min_s']:.3f}", fmt_pct(r["rel_err"]),
-                      f"{r['estimate_contended_s']:.3f}", fmt_pct(r["rel_err_contended"]),
-                      fmt_pct(r["rel_err_load_aware"]), f"x{r['speed_ratio']:.2f}", f"{r['estimate_speed_s']:.3f}",
+                      fmt_pct(r["host_share"]), f"{r['host_background']:.1f}", f"{r['estimate_host_s']:.3f}",
+                      fmt_pct(r["rel_err_host"]), f"{r['estimate_contended_s']:.3f}", fmt_pct(r["rel_err_contended"]),
+                      f"x{r['speed_ratio']:.2f}", f"{r['estimate_speed_s']:.3f}",
                       fmt_pct(r["rel_err_speed"]), f"{r['other_runnable']:.1f}",
                       f"{r['estimate_cpu_s']:.2f} / {r['measured_cpu_s']:.2f}", fmt_pct(r.get("spread")),
                       fmt_pct(r.get("cpu_share"))] for r in p["rows"]]),

@@ -37,6 +37,38 @@ def test_rounds_combine_to_their_median_and_spread(monkeypatch):
     assert combine([err, err]) is err
 
 
+def test_rounds_combine_the_host_share_and_the_step_cpu(monkeypatch):
+    combine = _bench(monkeypatch).combine
+    # a round's share pools its steps: on-CPU / (on-CPU + run-queue delay) of the compute threads
+    a = {**_run(1.0, 0.8), "step_cpu_s": [0.5, 0.7], "step_main_cpu_s": [0.5, 0.5], "step_wait_s": [0.5, 1.5]}
+    b = {**_run(1.0, 0.8), "step_cpu_s": [0.9, 0.9], "step_main_cpu_s": [1.0, 1.0], "step_wait_s": [0.0, 0.0]}
+    c = {**_run(1.0, 0.8), "step_cpu_s": [0.8, 0.8], "step_main_cpu_s": [1.0, 1.0], "step_wait_s": [1.0, 1.0]}
+    r = combine([a, b, c])
+    assert r["host_share"] == pytest.approx(0.5)  # rounds 0.25, 1.0, 0.5
+    assert r["step_cpu_s"] == pytest.approx(0.8)  # round means 0.6, 0.9, 0.8
+    # runs without the scheduler accounting: no share, and the window's CPU time stands in
+    assert combine([_run(1.0, 0.8)])["host_share"] is None
+
+
+def test_sched_times_count_this_threads_cpu_and_nothing_while_it_sleeps():
+    from arena_opt.profiling.measure import sched_times
+
+    if not os.path.exists("/proc/thread-self/schedstat"):
+        pytest.skip("no scheduler accounting on this host")
+    import time
+
+    a = sched_times()
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.05:
+        pass
+    b = sched_times()
+    time.sleep(0.1)
+    c = sched_times()
+    assert b[1] - a[1] == pytest.approx(0.05, abs=0.02) and b[0] - a[0] >= b[1] - a[1] - 1e-3
+    assert c[1] - b[1] < 0.01 and c[2] - b[2] < 0.01  # asleep: neither on a core nor waiting for one
+    assert all(y >= x for x, y in zip(a, c))
+
+
 @pytest.mark.slow
 def test_pinned_ranks_measure_a_plan():
     from arena_opt.plan import Plan
@@ -47,6 +79,9 @@ def test_pinned_ranks_measure_a_plan():
     arch = scaled_arch(get_arch("gpt-350M"), max_hidden=32, max_layers=2, seq_len=16, max_heads=2, max_vocab=128)
     r = measure([Case(arch, Plan(dp=2, num_microbatches=1), 4)], steps=2, warmup=1, pin=True)[0]
     assert len(r["times"]) == 2 and r["iter_s"] > 0 and r["own_cpu_s"] > 0
+    # every timed step's CPU and run-queue delay, summed over the ranks
+    assert len(r["step_cpu_s"]) == len(r["step_wait_s"]) == 2
+    assert all(c >= m > 0 for c, m in zip(r["step_cpu_s"], r["step_main_cpu_s"])) and min(r["step_wait_s"]) >= 0
     assert r["rank0_cores"] == sorted(os.sched_getaffinity(0))[:1]  # rank 0 on the first core it may use
     free = measure([Case(arch, Plan(dp=2, num_microbatches=1), 4)], steps=1, warmup=0)[0]
     assert free["rank0_cores"] == sorted(os.sched_getaffinity(0))  # unpinned: every core

@@ -280,3 +280,30 @@ def test_collective_cpu_time_competes_for_cores():
                     static_bytes=z.copy(), act_bytes=z.copy(), peak_bytes=z.copy(), call_s=0.0)
     # 4 ranks, 2 cores: (1 + 0.2) * 2 + 0.1 forward, 2 * 2 backward
     assert ps_schedule(lp, [(0, 1)], 1, 4, cores=2) == pytest.approx(1.2 * 2 + 0.1 + 4.0)
+
+
+def test_schedule_share_and_the_host_background_that_explains_a_measured_share():
+    from arena_opt.perf.profile_costs import host_background, schedule_share
+
+    one = Plan(pp=1, dp=1, tp=1, num_microbatches=1)
+    topo = Topology(cores=2)
+    # one rank on 2 cores alone: a full core; with b other runnable tasks 2 / (1 + b) of one
+    assert schedule_share(profile(), one, 8, comm(), topo) == pytest.approx(1.0)
+    assert schedule_share(profile(), one, 8, comm(), replace(topo, background=3.0)) == pytest.approx(0.5)
+    assert host_background(profile(), one, 8, comm(), topo, 0.5) == pytest.approx(3.0, rel=1e-6)
+    # and the time on that host is the dedicated one at half speed for compute, waits unchanged
+    t0 = plan_time(profile(), one, 8, comm(), topo).iter_time_s
+    t3 = plan_time(profile(), one, 8, comm(), replace(topo, background=3.0)).iter_time_s
+    assert t3 == pytest.approx(2 * t0)  # no collectives at one rank: everything is compute
+    # ranks that got at least their share alone: no other tenants
+    four = Plan(pp=1, dp=4, tp=1, num_microbatches=1)
+    alone = schedule_share(profile(), four, 8, comm(), topo)
+    assert alone == pytest.approx(0.5)  # 4 ranks on 2 cores, all computing at once
+    assert host_background(profile(), four, 8, comm(), topo, alone) == 0.0
+    assert host_background(profile(), four, 8, comm(), topo, 0.9) == 0.0
+    # round trip on a pipelined plan: the background found reproduces the share it was given
+    pp2 = Plan(pp=2, dp=1, tp=1, num_microbatches=4)
+    want = schedule_share(profile(), pp2, 8, comm(), replace(topo, background=1.7))
+    assert want < 1.0
+    bg = host_background(profile(), pp2, 8, comm(), topo, want)
+    assert bg == pytest.approx(1.7, rel=1e-4)

@@ -31,6 +31,9 @@ Processes that outnumber the host's cores share them. `layer_costs` scales compu
 every rank that computes at an instant gets min(1, cores / (computing ranks + background)) of a core,
 ranks waiting on a collective, a transfer or a pipeline dependency use none. Without pipelining this
 is the same scaling; with it, ranks idle in the pipeline bubble leave their share to the others.
+On a host shared with other tenants, `host_background` turns the share of a core a run's computing ranks
+measurably got (kernel run-queue accounting, `profiling.measure`) into the background that gives the same
+share in the schedule, which places a dedicated-host estimate on the host as that run found it.
 """
 
 from __future__ import annotations
@@ -272,7 +275,8 @@ def _costs(parts: LayerParts, topo: Topology, world: int, compute_scale: np.ndar
 
 
 def ps_schedule(parts: LayerParts, stages: list[tuple[int, int]], m: int, ranks_per_stage: int, cores: float,
-                background: float = 0.0, compute_scale: np.ndarray | float = 1.0) -> float:
+                background: float = 0.0, compute_scale: np.ndarray | float = 1.0, stats: dict | None = None
+                ) -> float:
     """Iteration time of a 1F1B schedule on `cores` shared cores (processor sharing).
 
     Stage k runs, in torch's 1F1B order, min(pp - k - 1, m) warm-up forwards, then forward /
@@ -282,8 +286,12 @@ def ps_schedule(parts: LayerParts, stages: list[tuple[int, int]], m: int, ranks_
     backward and the gradient has crossed. Each operation computes (its layers and the CPU work of
     its collectives), then waits for the rest of its collectives.
     All `ranks_per_stage` ranks of a stage (dp x tp) move in step; while c ranks compute, each
-    progresses at min(1, cores / (c + background)) of a core."""
+    progresses at min(1, cores / (c + background)) of a core. `stats`, if given, receives the
+    rank-seconds ranks were computing (`runnable_s`) and the core-seconds they got (`cpu_s`): their
+    ratio is the share of a core a computing rank had, what the kernel's run-queue accounting
+    measures on a real run (`host_background`)."""
     pp = len(stages)
+    runnable_s = cpu_s = 0.0
     n = len(parts.fwd_s)
     scale = np.broadcast_to(np.asarray(compute_scale, dtype=float), (n,))
     ops: list[list[tuple[str, int, float, float]]] = []  # (kind, micro-batch, cpu s, wait s)
@@ -334,6 +342,7 @@ def ps_schedule(parts: LayerParts, stages: list[tuple[int, int]], m: int, ranks_
             raise RuntimeError("pipeline schedule deadlocked")  # cannot happen for 1F1B
         dt = max(0.0, min(steps))
         t += dt
+        runnable_s, cpu_s = runnable_s + busy * dt, cpu_s + busy * rate * dt
         for k in range(pp):
             if phase[k] == "cpu":
                 left[k] -= dt * rate
@@ -348,7 +357,46 @@ def ps_schedule(parts: LayerParts, stages: list[tuple[int, int]], m: int, ranks_
                 phase[k] = "done" if pos[k] == len(ops[k]) else "idle"
     else:
         raise RuntimeError("pipeline schedule simulation did not finish")
+    if stats is not None:
+        stats.update(runnable_s=runnable_s, cpu_s=cpu_s)
     return t
+
+
+def schedule_share(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, topo: Topology,
+                   compute_scale: np.ndarray | float = 1.0) -> float:
+    """The share of a core a computing rank gets in the processor-sharing run of the plan on
+    `topo` (1 where the ranks never outnumber the cores and nothing else runs)."""
+    from arena_opt.stages import default_stages
+
+    if not topo.cores:
+        raise ValueError("schedule_share needs a host with `cores` set")
+    parts, lc = _plan_costs(prof, plan, batch, comm, topo, RuntimeSemantics(), compute_scale)
+    stages = list(plan.stages) or default_stages(prof.arch, plan.pp)
+    res = evaluate_split(lc, stages, plan.num_microbatches)
+    st: dict = {}
+    ps_schedule(parts, list(res.stages), plan.num_microbatches, plan.dp * plan.tp, topo.cores, topo.background,
+                compute_scale, st)
+    return st["cpu_s"] / st["runnable_s"] if st["runnable_s"] > 0 else 1.0
+
+
+def host_background(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, topo: Topology, share: float,
+                    compute_scale: np.ndarray | float = 1.0, max_background: float = 64.0) -> float:
+    """Other tenants' runnable tasks (`Topology.background`) under which a computing rank of the plan
+    gets `share` of a core in the processor-sharing schedule: the host's contention, read off a run's
+    measured share (its compute thread's on-CPU time over on-CPU plus run-queue delay), so that a
+    dedicated-host estimate can be placed on the host as the run found it. 0 where the ranks got at
+    least what they get alone. Bisection: the share falls as the background grows."""
+    base = replace(topo, background=0.0)
+    if not 0 < share or schedule_share(prof, plan, batch, comm, base, compute_scale) <= share:
+        return 0.0 if share > 0 else max_background
+    lo, hi = 0.0, max_background
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if schedule_share(prof, plan, batch, comm, replace(topo, background=mid), compute_scale) > share:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
 
 
 def plan_time(prof: ModelProfile, plan: Plan, batch: int, comm: CommModel, topo: Topology,

@@ -10,7 +10,11 @@ average), the co-located load a load-aware estimate accounts for, and the run qu
 (`ambient_runnable`), sampled by the launching process, not by a rank: a sampling thread inside a
 rank would take CPU time and the GIL from the step it measures. Before every timed step (outside
 its timed window) each rank times the speed probe (`arena_opt.profiling.speed`); `probe_s` is the
-ranks' mean of their medians, the host speed a profile-based estimate can be scaled to.
+ranks' mean of their medians, the host speed a profile-based estimate can be scaled to. Around every
+timed step each rank reads the kernel's scheduler accounting (`sched_times`): the CPU time of all its
+threads (`step_cpu_s`, summed over the ranks: the CPU work of the step alone, without the probes) and its
+compute thread's on-CPU time and run-queue delay (`step_main_cpu_s`, `step_wait_s`), whose ratio is the
+share of a core a runnable rank got: where other tenants took cores, measured rather than guessed.
 """
 
 from __future__ import annotations
@@ -40,6 +44,29 @@ def host_busy_core_seconds() -> float | None:
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def sched_times() -> tuple[float, float, float] | None:
+    """(CPU seconds of all threads of this process, CPU seconds and run-queue delay of the calling
+    thread) so far,
+    from the kernel's scheduler accounting (Linux /proc/.../schedstat). The delay is time the thread
+    was runnable but a core was busy, with another of our ranks or another tenant's task; time
+    blocked on a collective or a barrier is not in it. Only the calling thread's: it does all the
+    compute (one intra-op thread; autograd runs the CPU backward on the caller), while the process's
+    helper threads (gloo's) wake and wait in ways that say nothing about the step's critical path."""
+    run = 0
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            own, wait = (int(x) for x in f.read().split()[:2])
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    run += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # a thread that ended between the listing and the read
+    except (OSError, ValueError, IndexError):
+        return None
+    return run / 1e9, own / 1e9, wait / 1e9
 
 
 def _running_tasks(pids: list[int]) -> int:
@@ -133,7 +160,7 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
         arch, plan, batch = Arch.model_validate(case["arch"]), Plan.model_validate(case["plan"]), case["batch"]
         pm = parallelize(arch, plan, dev, "ddp", seed=0)
         opt = torch.optim.AdamW(pm.module.parameters(), lr=1e-4)
-        times, probes = [], []
+        times, probes, step_cpu, step_main, step_wait = [], [], [], [], []
         busy0 = cpu0 = wall0 = stamp0 = None
         for step in range(warmup + steps):
             x, y = synthetic_batch(arch, step, batch)
@@ -145,6 +172,7 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
                                               time.time())
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
+            s0 = sched_times()
             t0 = time.perf_counter()
             pm.train_step(x, y)
             opt.step()
@@ -152,9 +180,19 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            s1 = sched_times()
+            # this step's CPU (all threads) and compute thread's run-queue delay, summed over the ranks (the
+            # probe and the barriers are outside it): the CPU work an estimate predicts, and the share of
+            # a core a runnable rank got
+            sw = torch.tensor([b - a for a, b in zip(s0, s1)] if s0 and s1 else [float("nan")] * 3,
+                              dtype=torch.float64)
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            dist.all_reduce(sw)
             if step >= warmup:
                 times.append(float(dt))
+                step_cpu.append(float(sw[0]))
+                step_main.append(float(sw[1]))
+                step_wait.append(float(sw[2]))
         stamp1 = time.time()
         ours = torch.tensor([time.process_time() - cpu0], dtype=torch.float64)
         dist.all_reduce(ours)
@@ -163,7 +201,9 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
         busy1, wall = host_busy_core_seconds(), time.perf_counter() - wall0
         ambient = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0 - float(ours)) / wall)
         results.append({"plan": plan.model_dump(), "model": arch.name, "batch": batch, "times": times,
-                        "iter_s": statistics.median(times), "own_cpu_s": float(ours), "wall_s": wall,
+                        "iter_s": statistics.median(times), "own_cpu_s": float(ours),
+                        "step_cpu_s": step_cpu, "step_main_cpu_s": step_main,
+                        "step_wait_s": step_wait, "wall_s": wall,
                         "ambient_cores": ambient, "probe_s": float(speed) / world, "window": [stamp0, stamp1],
                         "rank0_cores": sorted(os.sched_getaffinity(0))})
         del pm, opt
