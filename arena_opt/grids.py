@@ -7,6 +7,7 @@ from __future__ import annotations
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -63,6 +64,14 @@ class Grid:
     def node_units(self, gpus_per_node: int) -> int:
         """GPUs this grid takes from its pool's nodes: whole nodes when it spans several."""
         return self.shape.nodes * gpus_per_node if self.multi_node else self.shape.num_gpus
+
+    @cached_property
+    def columns(self) -> tuple[float, int, bool, int]:
+        """(throughput, GPUs, current, node units in its pool): what every round's problem arrays read of
+        it. Computed once: a running job's grids and a workload's shared ones are the same objects round
+        after round (GridCatalog), and a simulated round read four properties of each of ~1,500 grids
+        twice (workload_ranking and build_problem)."""
+        return (self.result.throughput, self.shape.num_gpus, self.current, self.node_units(self.pool[1]))
 
 
 def pools(snapshot: ClusterSnapshot) -> dict[tuple, Pool]:

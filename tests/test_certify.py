@@ -8,6 +8,7 @@ from arena_opt.grids import enumerate_grids
 from arena_opt.instances import generate_snapshot
 from arena_opt.milp.certify import WITHIN_GAP, relax
 from arena_opt.milp.greedy import greedy_start
+from arena_opt.milp.model import level1_model
 from arena_opt.milp.options import ArenaOptions
 from arena_opt.milp.problem import build_problem
 from arena_opt.policies.arena import ArenaPolicy
@@ -84,3 +85,52 @@ def test_relaxation_solves_after_earlier_solves_ran_past_its_time_limit():
     while _highs().getRunTime() < 0.3:
         solve_problem(p, time_limit_s=10, mip_gap=0.0, threads=1, backend="highspy")
     assert relax(p, threads=1, time_limit_s=0.25) is not None
+
+
+@pytest.mark.parametrize("gap", [1e-3, 0.05])
+def test_rounded_relaxation_is_feasible_and_certified_within_its_gap(gap):
+    """The relaxation's optimum rounded (integral grids kept, the rest greedy) is a feasible selection; where
+    the bound certifies it, it is within the gap of the brute-force optimum."""
+    seen = {"certified": 0, "not": 0}
+    for snap, opts in rounds():
+        p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), opts)
+        best = max(p.objective(s) for s in all_selections(p) if p.feasible(s))
+        lp = relax(p, threads=1)
+        sel = lp.rounded(p)
+        if sel is None:
+            continue
+        assert p.feasible(sel)
+        assert p.objective(sel) <= best + 1e-6
+        r = lp.certify(p, sel, gap)
+        seen["not" if r is None else "certified"] += 1
+        if r is not None:
+            assert r.selection == sel and best - r.objective <= gap * abs(r.objective) + 1e-6
+    assert seen["certified"] > 0
+
+
+def test_warm_started_relaxation_has_the_cold_optimum():
+    """A relaxation started from the last round's basis (LpBasis) reaches the same optimum as one solved
+    cold, over a sequence of rounds whose jobs come, go and progress (and rounds it has nothing in common with)."""
+    from arena_opt.milp.certify import LpBasis
+
+    opts = ArenaOptions(max_gpus_per_job=4)
+    base = generate_snapshot({"a100": (6, 4), "a10": (6, 2)}, 24, seed=3, running_fraction=0.5,
+                             deadline_fraction=0.3, models=TINY_MODELS)
+    seq = []
+    for i in range(6):
+        jobs = [j.model_copy(update={"remaining_iterations": j.remaining_iterations * (1 - 0.1 * i)})
+                for j in base.jobs[i: 18 + i]]  # one job leaves and one arrives each round
+        seq.append(base.model_copy(update={"time": base.time + 300 * i, "jobs": jobs}))
+    seq += [tiny(s, jobs=4) for s in range(2)]
+    warm, used = LpBasis(), 0
+    for snap in seq:
+        p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), opts)
+        cold = relax(p, threads=1)
+        used += warm.cols is not None
+        hot = relax(p, threads=1, warm=warm)
+        assert hot.bound == pytest.approx(cold.bound, rel=1e-7, abs=1e-7)
+        assert warm.cols is not None and len(warm.cols) == len(LpBasis.keys(p, level1_model(p))[0])
+        if hot.selection is not None:
+            assert p.feasible(hot.selection)
+            assert p.objective(hot.selection) == pytest.approx(hot.bound, rel=1e-6, abs=1e-6)
+    assert used == len(seq) - 1

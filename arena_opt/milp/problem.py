@@ -232,9 +232,8 @@ class _GridArrays:
         pos: dict[int, int] = {}
         at = np.array([pos.setdefault(id(g), len(pos)) for g in flat], dtype=int)
         uniq = list({id(g): g for g in flat}.values())
-        col = lambda f, t: np.array([f(g) for g in uniq], dtype=t)[at]  # noqa: E731
-        return cls(flat, job_of, col(lambda g: g.throughput, float), col(lambda g: g.num_gpus, float),
-                   col(lambda g: g.current, bool), col(lambda g: g.node_units(g.pool[1]), int))
+        c = np.array([g.columns for g in uniq], dtype=float).reshape(len(uniq), 4)[at]  # Grid.columns, cached
+        return cls(flat, job_of, c[:, 0].copy(), c[:, 1].copy(), c[:, 2] > 0, c[:, 3].astype(int))
 
     def stats(self, num_jobs: int) -> JobStats:
         best = np.zeros(num_jobs)

@@ -182,10 +182,11 @@ def _highs():
 
 
 def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: np.ndarray | None = None,
-              options: dict | None = None, deadline: float | None = None):
+              options: dict | None = None, deadline: float | None = None, basis=None):
     """Solve a highspy HighsLp on the process's one HiGHS instance (the arena MILP and the baselines'
     0/1 programs alike). `start`: values of the first len(start) columns as an initial incumbent;
-    `options`: further HiGHS options for this solve only (restored afterwards: the instance is shared).
+    `options`: further HiGHS options for this solve only (restored afterwards: the instance is shared);
+    `basis`: a highspy HighsBasis to start the simplex from (an LP's warm start, milp/certify.py).
     Returns (HiGHS's status word, its info, the column values or None without a feasible point)."""
     h = _highs()
     h.clearModel()
@@ -198,6 +199,8 @@ def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: n
         h.passModel(lp)
         if start is not None:
             h.setSolution(len(start), np.arange(len(start), dtype=np.int32), np.asarray(start, dtype=float))
+        if basis is not None:
+            h.setBasis(basis)
         limit = _left(time_limit_s, deadline)  # after the hand-off, which the deadline counts
         if _is_lp(lp):
             # HiGHS's LP solver measures its time limit on the instance's clock, which runs on over every
@@ -284,6 +287,11 @@ class shared_highs:
         for k, v in self.saved.items():
             self.model.setOptionValue(k, v)
         return False
+
+
+def highs_basis():
+    """The last `run_highs` solve's basis (highspy HighsBasis), or None before any."""
+    return None if _HIGHS is None else _HIGHS.getBasis()
 
 
 def highs_solution():

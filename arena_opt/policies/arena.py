@@ -9,7 +9,7 @@ from arena_opt.deadline import CallClock
 from arena_opt.decision import Decision, SolverStats
 from arena_opt.grids import Grid, GridCatalog
 from arena_opt.milp.candidates import round_problem
-from arena_opt.milp.certify import WITHIN_GAP, relax
+from arena_opt.milp.certify import WITHIN_GAP, LpBasis, relax
 from arena_opt.milp.greedy import greedy_start, greedy_variants
 from arena_opt.milp.local import improve
 from arena_opt.milp.options import ArenaOptions
@@ -22,7 +22,8 @@ from arena_opt.snapshot import ClusterSnapshot
 
 _LP_SHARE = 0.25  # most of the time left that the LP relaxation may take before the greedy start and the MIP
 _PROVED = {"optimal": "the LP relaxation's optimum is integral: the MILP's optimum, MIP not run",
-           WITHIN_GAP: "greedy start within the gap of the LP relaxation's bound: MIP not run"}
+           WITHIN_GAP: "greedy start within the gap of the LP relaxation's bound: MIP not run",
+           "rounded": "the LP relaxation's optimum, rounded, within the gap of its bound: MIP not run"}
 
 
 class ArenaPolicy(GridPolicy):
@@ -34,6 +35,8 @@ class ArenaPolicy(GridPolicy):
     started: float | None = None
     started_cpu: float | None = None
     _end: float | None = None  # the last round's time limit as a perf_counter() value
+    # the last round's LP relaxation basis, the next relaxation's start (milp/certify.py LpBasis)
+    _lp_basis: LpBasis | None = None
 
     def decide_usable(self, snapshot: ClusterSnapshot) -> Decision:
         d = super().decide_usable(snapshot)
@@ -120,17 +123,27 @@ class ArenaPolicy(GridPolicy):
         HiGHS started, what proved the round without the MIP or None). `jobs`: the snapshot's, for the
         reserve of the phases after the choice."""
         o = self.options
-        lp = None
+        lp = rounded = None
         if backend == "highspy" and not heuristic and len(p.grids) <= o.lp_certificate_max_grids:
             # the LP relaxation first (milp/certify.py), with a quarter of the time left at most: on simulated
             # rounds its optimum is mostly integral (the MILP's own), and then neither the greedy start nor
             # the MIP is needed; otherwise its bound may still prove the greedy start optimal within the gap
             t = time.perf_counter()
-            lp = relax(p, threads=o.threads, deadline=t + (deadline - t) * _LP_SHARE, time_limit_s=o.time_limit_s)
+            if self._lp_basis is None:
+                self._lp_basis = LpBasis()
+            lp = relax(p, threads=o.threads, deadline=t + (deadline - t) * _LP_SHARE, time_limit_s=o.time_limit_s,
+                       warm=self._lp_basis)
             clock.lap("lp")
             res = lp.optimum(p) if lp is not None else None
             if res is not None:
                 return res, None, False, _PROVED["optimal"]
+            # its optimum rounded (integral grids kept, the rest greedy) is often within the gap of its
+            # bound already: one greedy pass instead of the greedy start's orders and local moves
+            rounded = lp.rounded(p) if lp is not None and p.max_reconfigs is None else None
+            res = None if rounded is None else lp.certify(p, rounded, o.mip_gap)
+            clock.lap("rounded")
+            if res is not None:
+                return res, rounded, False, _PROVED["rounded"]
         # the greedy selection (greedy_start: the best of a few orders), improved by local moves, as HiGHS's
         # first incumbent: the search prunes from the root, and a round whose best move gains less than
         # the gap keeps it; it is also the decision when the deadline passes before HiGHS has anything
@@ -152,6 +165,8 @@ class ArenaPolicy(GridPolicy):
             clock.lap("improve")
             if info["cut"] and heuristic:
                 clock.cut_short("improve")
+            if rounded is not None and p.objective(rounded) > p.objective(start):
+                start = rounded
         if lp is not None and start is not None:
             res = lp.certify(p, start, o.mip_gap)
             if res is not None:
