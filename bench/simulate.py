@@ -51,12 +51,13 @@ def timing_table(rows: list[dict], process_wall: dict[str, float], trace: str) -
     then all policies together (their simulations and their worker processes, run one after another)."""
     out = [f"Simulation time per policy (Philly, {trace}; decision s is wall time per policy call):", "",
            "| policy | trace | wall s | CPU s | decisions | decision s mean / max |", "|---|---|---:|---:|---:|---:|"]
+    f = lambda v, nd: "-" if v is None else f"{v:,.{nd}f}"  # noqa: E731  (a run without decisions has none)
     for r in rows:
-        out.append(f"| {r['policy']} | Philly, {trace} | {r['sim_wall_s']:.1f} | {r['sim_cpu_s']:.1f} | "
-                   f"{r['policy_calls']:,} | {r['decision_s_mean']:.3f} / {r['decision_s_max']:.3f} |")
+        out.append(f"| {r['policy']} | Philly, {trace} | {f(r['sim_wall_s'], 1)} | {f(r.get('sim_cpu_s'), 1)} | "
+                   f"{r['policy_calls']:,} | {f(r['decision_s_mean'], 3)} / {f(r['decision_s_max'], 3)} |")
     if len(rows) > 1:
         out.append(f"| all {len(rows)} together | Philly, {trace} | {sum(r['sim_wall_s'] for r in rows):.1f} | "
-                   f"{sum(r['sim_cpu_s'] for r in rows):.1f} | {sum(r['policy_calls'] for r in rows):,} | - |")
+                   f"{sum(r.get('sim_cpu_s') or 0.0 for r in rows):.1f} | {sum(r['policy_calls'] for r in rows):,} | - |")
         out.append("")
         out.append(f"All {len(rows)} worker processes one after another (load, plan cache and write included): "
                    f"{sum(process_wall.get(r['policy'], 0.0) for r in rows):.1f} s wall.")
