@@ -306,6 +306,17 @@ def main(argv: list[str] | None = None) -> int:
 _EXIT_NOW = False  # set by `solve` once its output is complete (see entry)
 
 
+def _interrupted_with_highs(code: int) -> bool:
+    """A signal stopped a process that has used HiGHS, and no child of ours is left to reap: the results
+    are written, and the interpreter's teardown of HiGHS's thread pool after an interrupted round aborted
+    once (SIGABRT after the "interrupted by SIGTERM" message, at load 12) where os._exit cannot."""
+    if code not in (130, 143) or "highspy" not in sys.modules:
+        return False
+    import multiprocessing
+
+    return not multiprocessing.active_children()
+
+
 def entry() -> None:
     """The `arena-opt` program: main's exit code, kept even when a HiGHS run is still going. After `solve`
     the process leaves at once: the interpreter's teardown of a 10,000-job round's objects took 0.3-0.5 s
@@ -313,7 +324,7 @@ def entry() -> None:
     code = main()
     from arena_opt.milp.solve import solve_running
 
-    if solve_running() or _EXIT_NOW:
+    if solve_running() or _EXIT_NOW or _interrupted_with_highs(code):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

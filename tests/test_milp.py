@@ -378,6 +378,25 @@ def test_deadline_already_passed_returns_the_start():
     assert r.objective >= p.objective(start) - 1e-9
 
 
+def test_an_abandoned_run_hands_back_its_start(monkeypatch):
+    """A run left behind at the deadline (a loaded host: HiGHS not done within the grace) still returns
+    the feasible start it was given, marked abandoned so the policy reports HiGHS added nothing."""
+    import time
+
+    import arena_opt.milp.solve as solve_mod
+
+    snap = tiny(5, jobs=6)
+    p = build_problem(snap, enumerate_grids(snap, EST), ArenaOptions())
+    start = greedy_select(p)
+    monkeypatch.setattr(solve_mod, "_run_until", lambda h, deadline: False)
+    r = solve_problem(p, time_limit_s=10, mip_gap=0.0, threads=1, backend="highspy", start=start,
+                      deadline=time.perf_counter() + 5)
+    assert r.abandoned and r.selection == start and r.objective == p.objective(start)
+    assert r.bound is None and r.gap is None
+    r = solve_problem(p, time_limit_s=10, mip_gap=0.0, threads=1, backend="highspy", deadline=time.perf_counter() + 5)
+    assert r.abandoned and r.selection is None  # nothing known: the policy's fallback decides
+
+
 def test_a_run_past_the_deadline_is_abandoned(monkeypatch):
     """A HiGHS run that ignores its time limit is left behind at the deadline, and the next solve gets a
     new instance (the abandoned one is still busy)."""

@@ -78,6 +78,10 @@ def solve_problem(p: ClusterProblem, *, time_limit_s: float, mip_gap: float, thr
     if res.x is not None:
         sel = selection_from(res.x, p)
         obj = p.objective(sel)
+    elif start is not None and res.abandoned:
+        # the run was left behind at the deadline with no result: the start HiGHS was given is still the
+        # best selection known, and it is feasible; `abandoned` tells a caller that HiGHS added nothing
+        sel, obj = dict(start), p.objective(start)
     if res.bound is not None:
         bound = res.bound + const
     if obj is not None and bound is not None:

@@ -88,7 +88,7 @@ class ArenaPolicy(GridPolicy):
                             shards=o.shards if sharded else 1,
                             num_grids=len(p.grids), note=note, time_limit_s=o.time_limit_s)
         sel = res.selection
-        if sel is None:
+        if sel is None or res.abandoned:  # an abandoned run hands back only the start it was given
             if start is None:
                 start = greedy_start(p)
                 clock.lap("greedy")
