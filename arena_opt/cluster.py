@@ -15,8 +15,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import ConfigDict, Field, PositiveInt, ValidationError
 
+from arena_opt.edge import EdgeModel
 from arena_opt.errors import InputError
 from arena_opt.gpus import GpuSpec, canonical_gpu
 from arena_opt.io import load_json
@@ -25,7 +26,7 @@ from arena_opt.snapshot import MAX_GPUS_PER_NODE, MAX_NODES, ClusterSnapshot, No
 _INLINE = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*:\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
-class NodeGroup(BaseModel):
+class NodeGroup(EdgeModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     nodes: PositiveInt = Field(le=MAX_NODES)
@@ -34,7 +35,7 @@ class NodeGroup(BaseModel):
     nodes_per_rack: PositiveInt | None = None
 
 
-class CompactSpec(BaseModel):
+class CompactSpec(EdgeModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str | None = None
@@ -43,14 +44,14 @@ class CompactSpec(BaseModel):
     gpu_catalog: dict[str, GpuSpec] = Field(default_factory=dict)
 
 
-class _ArenaType(BaseModel):
+class _ArenaType(EdgeModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     node_num: PositiveInt
     gpus_per_node: PositiveInt
 
 
-class ArenaSpec(BaseModel):
+class ArenaSpec(EdgeModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     gpu_types: dict[str, _ArenaType] = Field(min_length=1)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+from pydantic import ConfigDict, Field, PositiveFloat
 
+from arena_opt.edge import EdgeModel
 LinkKind = Literal["nvlink", "pcie", "infiniband", "ethernet"]
 
 
@@ -24,7 +25,7 @@ MAX_MEMORY_GIB = 16_384.0
 MAX_BW_GBS = 100_000.0
 
 
-class GpuSpec(BaseModel):
+class GpuSpec(EdgeModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1)

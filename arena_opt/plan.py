@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_serializer,
+from pydantic import (ConfigDict, Field, NonNegativeInt, PositiveInt, model_serializer,
                       model_validator)
 
 
-class Plan(BaseModel):
+from arena_opt.edge import EdgeModel
+class Plan(EdgeModel):
     """pp pipeline stages, each replicated dp times and sharded tp ways; the global batch is split
     into dp shards and each shard into `num_microbatches` micro-batches run 1F1B.
     `stages[k] = [first, last)` are the layer indices of `models.layer_table` that stage k holds.

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat,
+from pydantic import (ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat,
                       PositiveInt, field_validator, model_validator)
 
+from arena_opt.edge import EdgeModel
 from arena_opt.gpus import BUILTIN_GPUS, GpuSpec, canonical_gpu
 from arena_opt.plan import Plan
 from models.catalog import ARCHITECTURES, Arch, arena_model_name
@@ -25,7 +26,7 @@ MAX_TIME_S = 10**11  # about 3000 years: snapshot time, submit times
 NodeState = Literal["available", "drain", "down"]
 
 
-class _Strict(BaseModel):
+class _Strict(EdgeModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 

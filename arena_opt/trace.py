@@ -30,9 +30,10 @@ import json
 import math
 from pathlib import Path
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError,
+from pydantic import (ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError,
                       field_validator, model_validator)
 
+from arena_opt.edge import EdgeModel
 from arena_opt.errors import InputError
 from arena_opt.io import atomic_write, parse_json, read_text
 from arena_opt.gpus import BUILTIN_GPUS, GpuSpec, canonical_gpu
@@ -43,7 +44,7 @@ ARENA_COLUMNS = ("job_id", "submission_time", "num_iteration", "model_name", "de
                  "gpu_type")
 
 
-class TraceJob(BaseModel):
+class TraceJob(EdgeModel):
     """One job of a trace (the JSON Lines record)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -127,6 +127,10 @@ def _running(s):
     (lambda s: _running(s)["running"]["plan"].update(dp=1, tp=2, stages=[]), ["tp"]),
     (lambda s: s["nodes"][0].update(state="broken"), ["nodes.0.state", "broken"]),
     (lambda s: s["nodes"][0].update(unavailable_gpus=[7]), ["unavailable_gpus", "7"]),
+    # pydantic reads true as 1: a "1-GPU node" whose error, if any, named a job's placement instead
+    (lambda s: s["nodes"][0].update(num_gpus=True), ["nodes.0", "num_gpus: true is not a number"]),
+    (lambda s: s["jobs"][0].update(batch_size=False), ["jobs.0", "batch_size: false is not a number"]),
+    (lambda s: _running(s)["running"]["plan"].update(dp=True), ["plan", "dp: true is not a number"]),
 ])
 def test_semantic_snapshot_errors(mutate, needles, tmp_path, capsys):
     s = _snap()
@@ -177,6 +181,8 @@ def test_csv_trace_errors(text, needles, tmp_path, capsys):
     (b'{"id": "j", "submit_time": Infinity, "model": "gpt-1.3B", "batch_size": 8, "iterations": 5}\n',
      ["t.jsonl:1", "submit_time", "finite"]),
     (b"[" * 50000 + b"]" * 50000 + b"\n", ["t.jsonl:1", "nested too deeply"]),
+    (b'{"id": "j", "submit_time": 0, "model": "gpt-1.3B", "batch_size": 8, "iterations": true}\n',
+     ["t.jsonl:1", "iterations: true is not a number"]),
 ])
 def test_jsonl_trace_errors(content, needles, tmp_path, capsys):
     p = tmp_path / "t.jsonl"

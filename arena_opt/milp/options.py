@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+from pydantic import (ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
                       field_validator)
 
+from arena_opt.edge import EdgeModel
 from arena_opt.linkloads import ColocationOptions
 from arena_opt.reconfig import PRESETS, ReconfigModel
 
 
-class PolicyOptions(BaseModel):
+class PolicyOptions(EdgeModel):
     """What every policy is configured with. Frozen: a policy is configured by its constructor only."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
+from arena_opt.edge import EdgeModel
 from arena_opt.cluster import load_cluster
 from arena_opt.sim.engine import SimOptions
 from arena_opt.sim.results import result_dict
@@ -16,7 +17,7 @@ from arena_opt.sim.run import make_estimators, simulate
 from arena_opt.trace import load_trace
 
 
-class RunConfig(BaseModel):
+class RunConfig(EdgeModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     trace: str

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt
 
+from arena_opt.edge import EdgeModel
 from arena_opt.errors import InputError
 from arena_opt.grids import compact_shape
 from arena_opt.perf.estimator import PerfEstimator
@@ -28,7 +29,7 @@ DEFAULT_MODELS = ("gpt-350M", "gpt-1.3B", "gpt-2.6B", "bert-760M", "bert-1.3B", 
                   "wide_resnet-500M", "wide_resnet-1B")
 
 
-class GenOptions(BaseModel):
+class GenOptions(EdgeModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     jobs: PositiveInt = 200

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError,
+from pydantic import (ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError,
                       field_validator, model_validator)
 
+from arena_opt.edge import EdgeModel
 from arena_opt.io import format_validation_error
 from arena_opt.plan import Plan
 from models.catalog import ARCHITECTURES, arena_model_name
@@ -24,7 +25,7 @@ from models.catalog import ARCHITECTURES, arena_model_name
 PREFIX = "arena:"
 
 
-class ArenaMeta(BaseModel):
+class ArenaMeta(EdgeModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = Field(description="catalog model name (`arena-opt models`)")

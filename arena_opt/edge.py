@@ -1,0 +1,52 @@
+"""The base of the pydantic models that read users' files: a JSON true/false is refused where a number
+belongs. Pydantic's lax mode reads true as 1 in an int or float field, so a snapshot with
+`"num_gpus": true` was a 1-GPU node and the error, if any, came later and named another field."""
+
+from __future__ import annotations
+
+import types
+import typing
+
+from pydantic import BaseModel, model_validator
+
+_NUMERIC: dict[type, frozenset[str]] = {}
+
+
+def _takes_number_not_bool(annotation) -> bool:
+    seen = set()
+
+    def walk(a):
+        if a in seen:
+            return
+        seen.add(a)
+        origin = typing.get_origin(a)
+        if origin in (typing.Union, types.UnionType, typing.Annotated):
+            for x in typing.get_args(a)[: 1 if origin is typing.Annotated else None]:
+                walk(x)
+        else:
+            kinds.add(a)
+
+    kinds: set = set()
+    walk(annotation)
+    return bool(kinds & {int, float}) and bool not in kinds
+
+
+def _numeric_fields(cls) -> frozenset[str]:
+    names = _NUMERIC.get(cls)
+    if names is None:
+        names = frozenset(n for name, f in cls.model_fields.items() if _takes_number_not_bool(f.annotation)
+                          for n in (name, f.alias) if n)
+        _NUMERIC[cls] = names
+    return names
+
+
+class EdgeModel(BaseModel):
+    @model_validator(mode="before")
+    @classmethod
+    def _bools_are_not_numbers(cls, data):
+        if isinstance(data, dict):
+            names = _numeric_fields(cls)
+            for k, v in data.items():
+                if (v is True or v is False) and k in names:
+                    raise ValueError(f"{k}: {str(v).lower()} is not a number")
+        return data
