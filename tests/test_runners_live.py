@@ -110,8 +110,11 @@ def test_ctrl_c_stops_arena_opt_run_and_everything_it_started(tmp_path):
     cmd = [sys.executable, "-m", "arena_opt.cli", "run", "--trace", str(RUNTIME_TRACE), "--cluster", "a10:1x2,a40:1x2",
            "--backend", "local", "--max-jobs", "3", "--interval", "5", "--batch-divisor", "16", "--device", "cpu",
            "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--time-limit", "5"]
+    # SIGINT as at a terminal: a shell without job control starts background commands with SIGINT
+    # ignored, which their children (this test's pytest, then arena-opt) inherit (a CI-like run got exit 0)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         cwd=Path(__file__).resolve().parents[1])
+                         cwd=Path(__file__).resolve().parents[1],
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         seen: set[int] = set()
         t0 = time.time()
