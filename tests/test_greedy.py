@@ -123,3 +123,20 @@ def test_greedy_start_fills_a_full_cluster_as_before(monkeypatch):
     demand = sum(p.units[p.grids_of(j)].min() for j in range(p.num_jobs) if len(p.grids_of(j)))
     capacity = sum(pi.gpus_per_node * (pi.empty_nodes + len(pi.occupied)) for pi in p.pools.values())
     assert demand > capacity
+
+
+
+def test_a_wrong_early_stop_changes_the_selection(monkeypatch):
+    """A round that tells a wrong 'cluster full' stop from the right one: its small a100 pool runs out of
+    GPUs while the a10 pool still takes jobs. The rule 'stop once one pool has no free GPU' then leaves
+    jobs unplaced that the oracle (which never stops early) places; the real rule gives the oracle's."""
+    snap = generate_snapshot({"a100": (1, 2), "a10": (16, 2)}, 60, seed=1, running_fraction=0.0,
+                             models=TINY_MODELS)
+    p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=16), ArenaOptions(max_gpus_per_job=16))
+    monkeypatch.setattr(greedy, "_Free", OccupancyFree)
+    oracle = greedy_select(p)
+    monkeypatch.setattr(greedy, "_Free", NEW)
+    assert greedy_select(p) == oracle
+    monkeypatch.setattr(NEW, "full", lambda self: any(u <= 1 for u in self._fails.values()))
+    wrong = greedy_select(p)
+    assert wrong != oracle and len(wrong) < len(oracle)
