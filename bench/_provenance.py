@@ -112,6 +112,18 @@ def _git(*args: str) -> str | None:
         return None
 
 
+def uncommitted(files: list[str]) -> list[str]:
+    """Those of `files` whose working copy differs from the commit's (git's view: formatting counts)."""
+    if not files:
+        return []
+    try:  # not _git: its strip() would eat the status column of the first line
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *files], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return sorted(ln[3:].split(" -> ")[-1] for ln in out.splitlines() if ln[3:])
+
+
 def command() -> str:
     """The command line that reruns this bench from the repository root."""
     return " ".join(shlex.quote(a) for a in ["python", _rel(sys.modules["__main__"].__file__), *sys.argv[1:]])
@@ -147,7 +159,10 @@ def record(into: Path, written: list[Path] = (), inputs: list[str | Path] = ()) 
         "command": command(),
         "argv": [_rel(script), *sys.argv[1:]],
         "commit": git_rev(short=False),
-        "dirty": bool(_git("status", "--porcelain", "--", *code)),  # the code differed from the commit
+        # the code files that differed from the commit (named: a bench rerun after a regenerated data file
+        # is told apart from one on edited code)
+        "uncommitted": (changed := uncommitted(code)),
+        "dirty": bool(changed),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.monotonic() - _STARTED, 1),
         "load_avg_start": [round(x, 2) for x in _LOAD_AT_START],
@@ -181,8 +196,18 @@ def write_result(path: Path, payload: dict, markdown: str | None = None, written
 def footer(rec: dict) -> str:
     """The line every Markdown result ends with."""
     return (f"\n---\nMade by `{rec['command']}` at commit {(rec['commit'] or 'unknown')[:10]}"
-            f"{' (uncommitted changes)' if rec['dirty'] else ''}, {rec['date']}, {rec['seconds']:.0f} s, "
+            f"{_uncommitted_note(rec)}, {rec['date']}, {rec['seconds']:.0f} s, "
             f"load average {rec['load_avg_start'][0]:.2f} at the start, {rec['load_avg_end'][0]:.2f} at the end; freshness: tests/test_bench_fresh.py.\n")
+
+
+def _uncommitted_note(rec: dict) -> str:
+    if not rec.get("dirty"):
+        return ""
+    names = rec.get("uncommitted") or []
+    if not names:  # a record from before the files were named
+        return " (uncommitted changes)"
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f" (uncommitted: {', '.join(names[:3])}{more})"
 
 
 # --- the check ------------------------------------------------------------------------------------------------

@@ -113,3 +113,11 @@ def node_launches(spec: TrainSpec, placement: dict[str, list[int]], endpoint: st
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         out.append(NodeLaunch(spec.job_id, node, rank, nnodes, len(gpus), tuple(gpus), tuple(argv), env))
     return out
+
+
+if __name__ == "__main__":
+    # `python -m runners.launch --free-port`: a rendezvous port free on this host, for a batch script
+    # that runs on the launch's first node (runners/slurm.py)
+    if sys.argv[1:] != ["--free-port"]:
+        sys.exit("usage: python -m runners.launch --free-port")
+    print(free_port(""))

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from arena_opt.slurm.gres import GpuMap
 from arena_opt.slurm.snapshot import SlurmJobView, SlurmView, build_snapshot
 from arena_opt.snapshot import Node
 from runners.base import ObservedJob, RunnerError
-from runners.launch import NodeLaunch, free_port, node_launches
+from runners.launch import NodeLaunch, node_launches
 from runners.managed import LaunchError, LaunchHandle, ManagedRunner, _Job
 from runners.names import safe_name
 from runners.progress import ProgressReader
@@ -71,21 +72,41 @@ def read_view(gpu_map: GpuMap, partition: str | None = None, own=None) -> SlurmV
                           progress_of=progress_steps)
 
 
+# In a launch's argv, the rendezvous port the batch script picks on the first node (see sbatch_script)
+PORT_VAR = "ARENA_RDZV_PORT"
+PORT_REF = "${%s}" % PORT_VAR
+
+
+def _shell_word(arg: str) -> str:
+    """`arg` quoted for bash, except the port reference, which bash must expand."""
+    if PORT_REF not in arg:
+        return shlex.quote(arg)
+    return f'"${PORT_VAR}"'.join(shlex.quote(part) if part else "" for part in arg.split(PORT_REF))
+
+
 def sbatch_script(launches: list[NodeLaunch], gres: dict[str, str], *, name: str, logs: list[str],
                   rc_files: list[str], batch_log: str) -> str:
-    """The heterogeneous batch script of one launch: component K on node K of the placement."""
+    """The heterogeneous batch script of one launch: component K on node K of the placement.
+    Where the launch's argv refers to PORT_REF, the script first picks that port on the node it runs on:
+    Slurm runs a batch script on the first node of its first component, the node whose torchrun hosts the
+    rendezvous, so the port is checked free where it is bound, not on the host that submitted the job."""
     lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --output={shlex.quote(batch_log)}"]
     for k, nl in enumerate(launches):
         if k:
             lines.append("#SBATCH hetjob")
         lines.append(f"#SBATCH --nodelist={nl.node_id} --nodes=1 --ntasks=1 --cpus-per-task=1 "
                      f"--gres=gpu:{gres[nl.node_id]}:{nl.nproc}")
+    if any(PORT_REF in a for nl in launches for a in nl.argv):
+        lines.append("# the rendezvous port, free on this node (the first of the launch) now")
+        lines.append(f"{PORT_VAR}=$({shlex.join([sys.executable, '-m', 'runners.launch', '--free-port'])}) "
+                     f"|| {{ echo 'no free rendezvous port on this node' >&2; exit 1; }}")
+        lines.append(f'echo "rendezvous port ${PORT_VAR} on $(hostname)"')
     lines.append("# Slurm sets CUDA_VISIBLE_DEVICES to the GPUs it picked; the exit code of each node's torchrun")
     lines.append("# goes to its rc file (accounting may be off)")
     for k, nl in enumerate(launches):
         env = [f"{key}={val}" for key, val in sorted(nl.env.items())]
         group = [f"--het-group={k}"] if len(launches) > 1 else []  # one node: not a heterogeneous job
-        cmd = shlex.join(["srun", *group, f"--output={logs[k]}", "env", *env, *nl.argv])
+        cmd = " ".join(_shell_word(a) for a in ["srun", *group, f"--output={logs[k]}", "env", *env, *nl.argv])
         lines.append(f"( {cmd}; echo $? > {shlex.quote(rc_files[k])} ) &")
     lines.append("wait")
     return "\n".join(lines) + "\n"
@@ -268,7 +289,7 @@ class SlurmRunner(ManagedRunner):
             raise LaunchError(f"node(s) {', '.join(missing)} not offered by Slurm now "
                               f"({'; '.join(view.left_out.get(n, 'unknown node') for n in missing)})")
         first = view.nodes[next(iter(placement))]
-        endpoint = f"{first.address or first.name}:{free_port()}"
+        endpoint = f"{first.address or first.name}:{PORT_REF}"  # picked on that node by the batch script
         launches = node_launches(spec, placement, endpoint, use_gpus=False)
         g = spec.generation
         logs = [str(self.log_path(job, g, n)) for n in placement]

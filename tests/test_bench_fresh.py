@@ -144,3 +144,27 @@ def test_run_all_reports_a_failing_step_and_stops_a_hung_one():
     t0 = time.monotonic()
     assert run_all._run_step([sys.executable, "-c", "import time; time.sleep(60)"], 1.0) == "stopped after 1 s"
     assert time.monotonic() - t0 < 30
+
+
+def test_the_footer_names_the_uncommitted_files_a_run_used(tmp_path, monkeypatch):
+    """A result made from files that differ from the commit says which: a rerun after a regenerated data file
+    (arena_opt/perf/band.json) is told apart from one on edited code."""
+    if shutil.which("git") is None:
+        pytest.skip("git not available")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    (repo / "a.py").write_text("x = 1\n")
+    (repo / "b.json").write_text("{}\n")
+    subprocess.run(["git", "add", "."], cwd=repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "c"], cwd=repo, check=True)
+    monkeypatch.setattr(prov, "ROOT", repo)
+    assert prov.uncommitted(["a.py", "b.json"]) == []
+    (repo / "b.json").write_text('{"x": 1}\n')
+    (repo / "c.py").write_text("y = 2\n")
+    assert prov.uncommitted(["a.py", "b.json", "c.py"]) == ["b.json", "c.py"]
+    rec = {"command": "python bench/x.py", "commit": "0" * 40, "dirty": True, "uncommitted": ["b.json", "c.py"],
+           "date": "d", "seconds": 1, "load_avg_start": [1.0], "load_avg_end": [1.0]}
+    assert "(uncommitted: b.json, c.py)," in prov.footer(rec)
+    assert "uncommitted" not in prov.footer({**rec, "dirty": False, "uncommitted": []})

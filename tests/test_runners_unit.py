@@ -285,3 +285,44 @@ def test_rendezvous_ports_are_distinct_bindable_and_outside_the_ephemeral_range(
         monkeypatch.setattr(launch.random, "Random", Fixed)
         got = launch.free_port()
     assert got != taken and got in (taken + 1, taken + 2)
+
+
+def test_sbatch_script_picks_the_rendezvous_port_on_the_node_it_runs_on(tmp_path):
+    """The Slurm backend's batch script chooses the rendezvous port itself (Slurm runs it on the launch's
+    first node, where torchrun binds it) and hands the same port to every node's torchrun. Run here with
+    a stand-in `srun` that records its argv: every component gets one endpoint whose port is a number
+    free on this host, drawn below the ephemeral range."""
+    from runners import launch
+    from runners.launch import node_launches
+    from runners.slurm import PORT_REF, sbatch_script
+
+    spec = TrainSpec(job_id="big job's", model="llama-7B", global_batch=8, total_steps=1, plan=Plan(pp=1, dp=2),
+                     run_dir=str(tmp_path / "run"), ckpt_dir=str(tmp_path / "ckpt"), scale=None)
+    placement = {"n0": [0], "n1": [0]}
+    launches = node_launches(spec, placement, f"10.0.0.7:{PORT_REF}", use_gpus=False)
+    logs = [str(tmp_path / f"log{k}") for k in range(2)]
+    rcs = [str(tmp_path / f"rc{k}") for k in range(2)]
+    script = sbatch_script(launches, {"n0": "a100", "n1": "a100"}, name="t", logs=logs, rc_files=rcs,
+                           batch_log=str(tmp_path / "batch.log"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "srun"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"open({str(tmp_path / 'argv')!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    fake.chmod(0o755)
+    (tmp_path / "s.sh").write_text(script)
+    import os
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", str(tmp_path / "s.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    calls = [json.loads(ln) for ln in (tmp_path / "argv").read_text().splitlines()]
+    assert len(calls) == 2 and all(open(p).read().strip() == "0" for p in rcs)
+    endpoints = {_opt(c, "rdzv-endpoint") for c in calls}
+    assert len(endpoints) == 1
+    host, port = next(iter(endpoints)).rsplit(":", 1)
+    lo, _ = launch._ephemeral_range()
+    assert host == "10.0.0.7" and launch._LOW_PORT <= int(port) < lo
+    assert f"rendezvous port {port} on " in r.stdout
+    # the spec (quotes in the job id included) reaches torchrun intact
+    got = parse_spec(json.loads(calls[0][calls[0].index("--spec-json") + 1]), "batch script")
+    assert got == spec
