@@ -378,6 +378,48 @@ def test_deadline_already_passed_returns_the_start():
     assert r.objective >= p.objective(start) - 1e-9
 
 
+@pytest.mark.parametrize("incumbent", ["none", "worse"])
+def test_a_solve_never_returns_less_than_its_feasible_start(monkeypatch, incumbent):
+    """A run that stops at its limit with no incumbent, or with one worse than the start (HiGHS had not
+    taken it yet, or the pyomo backend, which does not hand it over), still returns at least the start."""
+    import arena_opt.milp.solve as solve_mod
+
+    snap = tiny(5, jobs=6)
+    p = build_problem(snap, enumerate_grids(snap, EST), ArenaOptions())
+    start = greedy_select(p)
+    assert p.objective(start) > p.objective({})  # the empty selection is worse: the case can fail
+    real = solve_mod.solve_linear
+
+    def stopped(lm, **kw):
+        r = real(lm, **kw)
+        r.status = "time_limit"
+        r.x = None if incumbent == "none" else solve_mod.start_vector(lm, p, {})
+        return r
+
+    monkeypatch.setattr(solve_mod, "solve_linear", stopped)
+    for backend in ("highspy", "pyomo"):
+        r = solve_problem(p, time_limit_s=10, mip_gap=0.0, threads=1, backend=backend, start=start)
+        assert r.status == "time_limit" and not r.abandoned
+        assert r.selection == start and r.objective == p.objective(start)
+        assert p.feasible(r.selection)
+
+
+def test_pyomo_backend_returns_at_least_its_start():
+    """The pyomo backend ignores the start as an incumbent; at a limit of 10 ms its result is still at least
+    the improved greedy start."""
+    import time
+
+    from arena_opt.milp.local import improve
+
+    snap = generate_snapshot({"a100": (8, 4), "a10": (8, 2)}, 40, seed=3, running_fraction=0.3)
+    p = build_problem(snap, enumerate_grids(snap, EST), ArenaOptions())
+    start = improve(p, greedy_select(p))
+    r = solve_problem(p, time_limit_s=10, mip_gap=0.0, threads=1, backend="pyomo", start=start,
+                      deadline=time.perf_counter() - 1)
+    assert r.selection is not None and p.feasible(r.selection)
+    assert r.objective >= p.objective(start) - 1e-9
+
+
 def test_an_abandoned_run_hands_back_its_start(monkeypatch):
     """A run left behind at the deadline (a loaded host: HiGHS not done within the grace) still returns
     the feasible start it was given, marked abandoned so the policy reports HiGHS added nothing."""

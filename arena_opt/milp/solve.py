@@ -59,7 +59,7 @@ def solve_problem(p: ClusterProblem, *, time_limit_s: float, mip_gap: float, thr
                   backend: str = "pyomo", start: dict[int, int] | None = None,
                   deadline: float | None = None) -> SolveResult:
     """`start`: a feasible selection (job -> grid) handed to HiGHS as its first incumbent (highspy
-    backend only): the search then prunes against it from the root. `deadline`: a time.perf_counter()
+    backend only): the search then prunes against it from the root; the selection returned is never worse. `deadline`: a time.perf_counter()
     value the solve must end by, model build and hand-off included (HiGHS gets what is left of it)."""
     if not p.grids:
         return SolveResult({}, "empty", p.objective({}), p.objective({}), 0.0, 0.0, 0.0)
@@ -78,10 +78,13 @@ def solve_problem(p: ClusterProblem, *, time_limit_s: float, mip_gap: float, thr
     if res.x is not None:
         sel = selection_from(res.x, p)
         obj = p.objective(sel)
-    elif start is not None and res.abandoned:
-        # the run was left behind at the deadline with no result: the start HiGHS was given is still the
-        # best selection known, and it is feasible; `abandoned` tells a caller that HiGHS added nothing
-        sel, obj = dict(start), p.objective(start)
+    if start is not None:
+        # never less than the feasible start: a run left behind at the deadline has no result
+        # (`abandoned` tells a caller that HiGHS added nothing), the pyomo backend does not hand the start
+        # to HiGHS, and a run stopped at its limit before it took the start has a worse incumbent or none
+        start_obj = p.objective(start)
+        if obj is None or obj < start_obj:
+            sel, obj = dict(start), start_obj
     if res.bound is not None:
         bound = res.bound + const
     if obj is not None and bound is not None:
