@@ -63,9 +63,9 @@ def philly_config(data_arg: str | None):
                      table_mode="strict", iter_scale=5, deadline_stretch=5.0, reconfig="artifact", interval_s=300.0)
 
 
-def err_table(per_world: dict, what: str = "err") -> str:
-    """Markdown table of `err_stats` per process count: plans, mean and max |what|, median signed."""
-    return md_table(["processes", "plans", f"mean |{what}|", f"max |{what}|", "median signed"],
+def err_table(per_world: dict, what: str = "err", counted: str = "plans") -> str:
+    """Markdown table of `err_stats` per process count: how many (`counted`), mean and max |what|, median signed."""
+    return md_table(["processes", counted, f"mean |{what}|", f"max |{what}|", "median signed"],
                     [[w, s["n"], fmt_pct(s["mean"]), fmt_pct(s["max"]), fmt_pct(s["median_signed"])]
                      for w, s in per_world.items()])
 

@@ -2,11 +2,13 @@
 measurement of the runners' training step, on this host's CPUs (gloo), for 1, 2 and 4 processes
 and every (pp, dp, tp) plan shape that fits each model.
 
-    python bench/estimator_accuracy.py [--out bench/results] [--steps 6] [--models gpt-350M,moe-690M,...]
+    python bench/estimator_accuracy.py [--out bench/results] [--steps 5] [--warmup 1] [--rounds 3]
+                                       [--models gpt-350M,moe-690M,...]
 
 Per model: profile its layers (`arena_opt.profiling.layers`, one thread, CPU-time clock; tp and FSDP2
-samples as the runtime wraps the layer, on a fake process group), benchmark the collectives (wall
-and per-rank CPU time) over 2 and 4 processes once, then run every plan with
+samples as the runtime wraps the layer, on a fake process group; the micro-batch sizes and shapes the
+plans run), benchmark the collectives (wall and per-rank CPU time) over 2 and 4 processes once, then
+run every plan (all models' plans of one world size in one launch) with
 `arena_opt.profiling.measure` (`runners.parallelize`: DDP, FSDP2, DTensor tp, 1F1B pipelining; one
 thread per rank like the profiler) and compare with `arena_opt.perf.profile_costs.plan_time`
 (processor-sharing run of the schedule on this host's cores). Nothing is fitted to the measured
@@ -85,6 +87,11 @@ def plans_for(arch, world: int) -> list[Plan]:
                 continue
             out.append(plan.model_copy(update={"stages": stages}) if pp > 1 else plan)
     return out
+
+
+def micro_batches(plans) -> tuple[int, ...]:
+    """The micro-batch sizes `plans` run at (global batch / (dp x micro-batches))."""
+    return tuple(sorted({BATCH // (p.dp * p.num_microbatches) for p in plans}))
 
 
 def cpu_work(prof, plan: Plan, comm, topo, scale: float = 1.0) -> float:
@@ -169,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--models", default=",".join(SCALES))
     ap.add_argument("--worlds", default="1,2,4")
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per plan (DTensor / FSDP2 caches, allocator)")
+    ap.add_argument("--steps", type=int, default=5)
+    # one: only a plan's first step stood out (DTensor / FSDP2 caches, allocator: up to 3x the median at load
+    # 4-9); the second was within the step-to-step spread of the later ones
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per plan")
     ap.add_argument("--repeats", type=int, default=5, help="profiler repeats per layer shape")
     ap.add_argument("--rounds", type=int, default=3, help="launches per world size (median over them)")
     ap.add_argument("--pin", action="store_true", help="pin rank r to core r mod cores")
@@ -188,12 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         db.put_comm(f)
     comm_s = time.perf_counter() - t0
     # ranks slow each other's compute through what they share; measured with the speed probe alone
-    # (two rounds, alternating, so that the host's drift falls on every count alike)
     t0 = time.perf_counter()
     probe_runs = defaultdict(list)
-    for _ in range(2):
-        for k in sorted({1, *worlds}):
-            probe_runs[k].append(contention(k))
+    for k in sorted({1, *worlds}):
+        probe_runs[k].append(contention(k))
     probe_k = {k: statistics.median(v) for k, v in probe_runs.items()}
     slowdown_k = {k: v / probe_k[1] for k, v in probe_k.items()}
     contention_s = time.perf_counter() - t0
@@ -202,46 +209,55 @@ def main(argv: list[str] | None = None) -> int:
     topo = pc.Topology(intra="loopback", cores=cores)
 
     rows, failed = [], []
-    profile_s = {}
+    profile_s, profiles, plans = {}, {}, {}
+    max_world = max(worlds)
     for name in args.models.split(","):
         arch = scaled_arch(get_arch(name), **SCALES[name])
+        plans[name] = {w: plans_for(arch, w) for w in worlds}
         t0 = time.perf_counter()
-        prof = profile_model(arch, micro_batches=(1, 2, 4, 8), tp_degrees=(1, 2, 4), dp_degrees=(2,),
-                             repeats=args.repeats, warmup=2, threads=1, progress=None)
+        # only the micro-batch sizes and (tp, dp) shapes the plans run: the estimate reads no other sample
+        profiles[name] = prof = profile_model(
+            arch, micro_batches=micro_batches(p for ps in plans[name].values() for p in ps),
+            tp_degrees=(1, 2, 4), dp_degrees=(2,), max_ranks=max_world, repeats=args.repeats, warmup=2,
+            threads=1, progress=None)
         profile_s[name] = time.perf_counter() - t0
         db.put_model(prof)
         log(f"{arch.name}: profiled in {profile_s[name]:.0f} s")
-        runs: dict[int, list[list[dict]]] = defaultdict(list)
-        loads: dict[int, list[tuple]] = defaultdict(list)
-        for rnd in range(args.rounds):
-            for w in worlds:
-                plans = plans_for(arch, w)
-                if not plans:
-                    continue
-                loads[w].append(os.getloadavg())
-                t0 = time.perf_counter()
-                runs[w].append(measure_each([Case(arch, p, BATCH) for p in plans], steps=args.steps,
-                                            warmup=args.warmup, pin=args.pin))
-                log(f"{arch.name}: round {rnd + 1}, {len(plans)} plans on {w} processes measured in "
-                    f"{time.perf_counter() - t0:.0f} s, load average {loads[w][-1][0]:.1f}")
+    # one launch per round and world size runs every model's plans (a launch costs ~10 s of interpreter and
+    # gloo start on 2 cores); rounds interleaved over the world sizes, so the host's drift falls on each alike
+    runs: dict[int, list[list[dict]]] = defaultdict(list)
+    loads: dict[int, list[tuple]] = defaultdict(list)
+    for rnd in range(args.rounds):
         for w in worlds:
-            plans = plans_for(arch, w)
-            if not plans:
+            cases = [Case(profiles[n].arch, p, BATCH) for n in plans for p in plans[n][w]]
+            if not cases:
                 continue
-            la = statistics.median(x[0] for x in loads[w])
-            for plan, r in zip(plans, (combine(list(rs)) for rs in zip(*runs[w]))):
-                if "error" in r:
-                    failed.append({"model": name, "arch": arch.name, "world": w, "plan": plan.describe(),
-                                   "error": r["error"]})
-                    log(f"  {plan.describe():22s} failed to run: {r['error']}")
-                    continue
-                rows.append(evaluate(prof, plan, r, comm, topo, slowdown_k[w]))
-                rows[-1].update(model=name, load_avg=la, load_avgs=loads[w])
-                log(f"  {plan.describe():22s} est {rows[-1]['estimate_s']:.3f} s, meas {r['iter_s']:.3f} s "
-                    f"(min {min(r['times']):.3f}), err {fmt_pct(rows[-1]['rel_err'])}; speed x{rows[-1]['speed_ratio']:.2f}, "
-                    f"host share {fmt_pct(rows[-1]['host_share'])} (background {rows[-1]['host_background']:.1f}): "
-                    f"est {rows[-1]['estimate_host_s']:.3f} s, err {fmt_pct(rows[-1]['rel_err_host'])}; "
-                    f"CPU est {rows[-1]['estimate_cpu_s']:.3f} / meas {rows[-1]['measured_cpu_s']:.3f} s")
+            loads[w].append(os.getloadavg())
+            t0 = time.perf_counter()
+            runs[w].append(measure_each(cases, steps=args.steps, warmup=args.warmup, pin=args.pin))
+            log(f"round {rnd + 1}: {len(cases)} plans on {w} processes measured in "
+                f"{time.perf_counter() - t0:.0f} s, load average {loads[w][-1][0]:.1f}")
+    for w in worlds:
+        if not runs[w]:
+            continue
+        la = statistics.median(x[0] for x in loads[w])
+        cases = [(n, p) for n in plans for p in plans[n][w]]
+        for (name, plan), r in zip(cases, (combine(list(rs)) for rs in zip(*runs[w]))):
+            prof = profiles[name]
+            if "error" in r:
+                failed.append({"model": name, "arch": prof.arch.name, "world": w, "plan": plan.describe(),
+                               "error": r["error"]})
+                log(f"  {plan.describe():22s} failed to run: {r['error']}")
+                continue
+            rows.append(evaluate(prof, plan, r, comm, topo, slowdown_k[w]))
+            rows[-1].update(model=name, load_avg=la, load_avgs=loads[w])
+            log(f"  {prof.arch.name} {plan.describe():22s} est {rows[-1]['estimate_s']:.3f} s, meas "
+                f"{r['iter_s']:.3f} s (min {min(r['times']):.3f}), err {fmt_pct(rows[-1]['rel_err'])}; speed "
+                f"x{rows[-1]['speed_ratio']:.2f}, host share {fmt_pct(rows[-1]['host_share'])} (background "
+                f"{rows[-1]['host_background']:.1f}): est {rows[-1]['estimate_host_s']:.3f} s, err "
+                f"{fmt_pct(rows[-1]['rel_err_host'])}; CPU est {rows[-1]['estimate_cpu_s']:.3f} / meas "
+                f"{rows[-1]['measured_cpu_s']:.3f} s")
+    rows.sort(key=lambda r: (list(plans).index(r["model"]), r["world"]))
 
     by_world = defaultdict(list)
     by_world_min = defaultdict(list)

@@ -85,3 +85,45 @@ def test_pinned_ranks_measure_a_plan():
     assert r["rank0_cores"] == sorted(os.sched_getaffinity(0))[:1]  # rank 0 on the first core it may use
     free = measure([Case(arch, Plan(dp=2, num_microbatches=1), 4)], steps=1, warmup=0)[0]
     assert free["rank0_cores"] == sorted(os.sched_getaffinity(0))  # unpinned: every core
+
+
+def test_repeatability_of_one_run_pairs_every_plans_rounds(tmp_path):
+    import json
+    import subprocess
+
+    run = {"git": "abc", "rounds": 3, "steps": 5, "warmup": 1, "cores": 2, "machine": {"processor": "x"},
+           "rows": [{"arch": "a", "world": 2, "plan": "p1", "round_s": [1.0, 2.0, 1.5]},
+                    {"arch": "a", "world": 4, "plan": "p2", "round_s": [2.0]},  # one round: no pair
+                    {"arch": "b", "world": 4, "plan": "p3", "round_s": [1.0, 0.5]}]}
+    src = tmp_path / "estimator_accuracy.json"
+    src.write_text(json.dumps(run))
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "bench/repeatability.py", str(src), "--out", str(out)], cwd=ROOT, check=True,
+                   capture_output=True)
+    rep = json.loads((out / "repeatability.json").read_text())
+    assert rep["mode"] == "rounds"
+    assert [(r["plan"], r["rounds"]) for r in rep["rows"]] == [("p1", [1, 2]), ("p1", [1, 3]), ("p1", [2, 3]),
+                                                                ("p3", [1, 2])]
+    assert [r["rel_diff"] for r in rep["rows"]] == pytest.approx([1.0, 0.5, -0.25, -0.5])
+    assert rep["per_world"]["2"]["n"] == 3 and rep["per_world"]["4"]["mean"] == pytest.approx(0.5)
+    assert rep["per_world_estimate"] == {}  # one profile: no estimate to compare
+    # three runs, or a file that is no estimator_accuracy result: exit 2 naming it
+    bad = subprocess.run([sys.executable, "bench/repeatability.py", str(src), str(src), str(src), "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "one or two" in bad.stderr
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    bad = subprocess.run([sys.executable, "bench/repeatability.py", str(other), "--out", str(out)], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and str(other) in bad.stderr
+
+
+def test_micro_batches_are_those_the_plans_run(monkeypatch):
+    mod = _bench(monkeypatch)
+    from models.catalog import get_arch
+    from models.torch_layers import scaled_arch
+
+    arch = scaled_arch(get_arch("gpt-350M"), **mod.SCALES["gpt-350M"])
+    plans = [p for w in (1, 2, 4) for p in mod.plans_for(arch, w)]
+    assert mod.micro_batches(plans) == (2, 4, 8)  # batch 16 over dp x micro-batches: never 1 sample
+    assert mod.micro_batches(mod.plans_for(arch, 1)) == (8,)

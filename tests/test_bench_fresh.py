@@ -126,9 +126,15 @@ def test_a_result_copied_from_elsewhere_is_not_fresh(tmp_path):
 
 def test_run_all_matches_commands_and_orders_readers_after_writers():
     bench = next(b for b in run_all.BENCHES if b.name == "repeatability")
-    assert run_all.command_matches(bench, "python bench/repeatability.py /tmp/x1/estimator_accuracy.json "
-                                          "bench/results/estimator_accuracy.json")
+    assert run_all.command_matches(bench, "python bench/repeatability.py bench/results/estimator_accuracy.json")
     assert not run_all.command_matches(bench, "python bench/repeatability.py /tmp/a.json /tmp/b.json")
+    # a step with a scratch folder: any folder stands for {tmp}, nothing else does
+    scratch = run_all.Bench("repeatability.json", ("python bench/estimator_accuracy.py --out {tmp}",
+                                                   "python bench/repeatability.py {tmp}/estimator_accuracy.json "
+                                                   "bench/results/estimator_accuracy.json"), 1)
+    assert run_all.command_matches(scratch, "python bench/repeatability.py /tmp/x1/estimator_accuracy.json "
+                                            "bench/results/estimator_accuracy.json")
+    assert not run_all.command_matches(scratch, "python bench/repeatability.py /tmp/a.json /tmp/b.json")
     order = [b.result for b in run_all.BENCHES]
     for b in run_all.BENCHES:
         assert all(order.index(a) < order.index(b.result) for a in b.after), b

@@ -43,6 +43,20 @@ def test_profile_covers_layers_and_scales_with_shapes(name):
     pdb.ProfileDB(models=[prof])  # validates
 
 
+def test_max_ranks_leaves_out_the_shapes_of_more_ranks_only():
+    arch = scaled_arch(get_arch("gpt-350M"), max_layers=1)
+    prof = profile_model(arch, micro_batches=(2,), tp_degrees=(1, 2, 4), dp_degrees=(2,), max_ranks=4, warmup=0,
+                         repeats=1, progress=None)
+    full = profile_model(arch, micro_batches=(2,), tp_degrees=(1, 2, 4), dp_degrees=(2,), warmup=0, repeats=1,
+                         progress=None)
+    for lp, lf in zip(prof.layers, full.layers):
+        shapes = {(s.tp, s.dp) for s in lp.samples}
+        assert shapes == {(s.tp, s.dp) for s in lf.samples if s.tp * s.dp <= 4}, lp.kind
+    assert {(s.tp, s.dp) for lp in prof.layers if lp.kind == "block" for s in lp.samples} == {
+        (1, 1), (2, 1), (4, 1), (1, 2), (2, 2)}
+    assert (4, 2) in {(s.tp, s.dp) for lp in full.layers if lp.kind == "block" for s in lp.samples}
+
+
 def test_samples_rescale_to_the_reference_speed_and_probe_is_timed():
     s = pdb.LayerSample(tp=1, micro_batch=2, fwd_s=1.0, bwd_s=2.0, sync_s=0.5, optim_s=0.25, act_bytes=10,
                         out_bytes=20, params=30)

@@ -30,6 +30,7 @@ hand-built shards and no dp samples are taken.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import statistics
@@ -310,11 +311,12 @@ def _tp_ok(arch: Arch, index: int, tp: int) -> bool:
 
 def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, ...] = (1, 2, 4, 8),
                   tp_degrees: tuple[int, ...] = (1, 2, 4, 8), dp_degrees: tuple[int, ...] = (2,),
-                  warmup: int = 2, repeats: int = 5,
+                  max_ranks: int | None = None, warmup: int = 2, repeats: int = 5,
                   threads: int | None = 1, clock: str | None = None, speed_probe: bool = True,
                   progress: Progress | None = _stderr) -> ModelProfile:
     """Measure every distinct layer of `arch` at every (tp, micro-batch) that its shapes allow, and
     under FSDP2 over each of `dp_degrees` (dp > 1 samples, for plans that shard data parallelism).
+    `max_ranks`: no (tp, dp) sample of more ranks than that (tp x dp), as no plan of as many ranks runs it.
 
     `clock`: "wall" (synchronized wall time; the default on CUDA) or "thread" (CPU time of the one
     compute thread; the default on CPU, where it does not count the time other tenants of the host
@@ -336,8 +338,8 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     shapes = _input_shapes(arch, {idx[0] for _, idx in groups}, dev)
     dps = [d for d in dp_degrees if d > 1]
     todo = [(kind, idx, tp, dp) for kind, idx in groups for tp in tp_degrees if _tp_ok(arch, idx[0], tp)
-            for dp in [1, *dps]]
-    world = max(tp_degrees) * max([1, *dps])
+            for dp in [1, *dps] if max_ranks is None or tp * dp <= max_ranks]
+    world = math.lcm(*(tp * dp for _, _, tp, dp in todo)) if todo else 1
     total = len(todo) * len(micro_batches)
     done, t_start = 0, time.perf_counter()
     layers = []
