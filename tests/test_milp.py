@@ -463,3 +463,20 @@ def test_a_run_past_the_deadline_is_abandoned(monkeypatch):
     assert time.perf_counter() - t0 < 1.0 and solve_mod._HIGHS is None
     release.set()
     assert solve_mod._run_until(stuck, time.perf_counter() + 1) is True
+
+
+def test_arena_decision_leaves_gc_as_it_found_it():
+    """The arena call runs without cyclic GC (its long-lived grids and plans are walked by every full pass)
+    and gives GC back as it was: on to a caller that had it on, off to one that had it off."""
+    import gc
+
+    snap = tiny(3, jobs=5)
+    was = gc.isenabled()
+    try:
+        for state in (True, False):
+            (gc.enable if state else gc.disable)()
+            d = ArenaPolicy(ArenaOptions(max_gpus_per_job=4), estimator=EST).decide(snap)
+            check_decision(snap, d)
+            assert gc.isenabled() is state
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -64,7 +64,7 @@ def solve_problem(p: ClusterProblem, *, time_limit_s: float, mip_gap: float, thr
     if not p.grids:
         return SolveResult({}, "empty", p.objective({}), p.objective({}), 0.0, 0.0, 0.0)
     t0 = time.perf_counter()
-    with _no_gc():
+    with no_gc():
         lm = level1_model(p)
     t_model = time.perf_counter() - t0
     start_x = None
@@ -113,7 +113,7 @@ def solve_linear(lm: LinearModel, *, time_limit_s: float, mip_gap: float, thread
     threads = solver_threads(threads)
     t0 = time.perf_counter()
     word = None
-    with _no_gc():
+    with no_gc():
         if backend == "pyomo":
             from pyomo.contrib.solver.solvers.highs import Highs
 
@@ -149,8 +149,10 @@ def _left(time_limit_s: float, deadline: float | None) -> float:
 
 
 @contextlib.contextmanager
-def _no_gc():
-    """Pyomo allocates many small objects; cyclic GC passes over them cost more than the build itself."""
+def no_gc():
+    """Pyomo allocates many small objects; cyclic GC passes over them cost more than the build itself. Also
+    around a whole arena decision (policies/arena.py): its grids, plans and decision objects are long-lived,
+    and every full collection walks them all again. Nested uses leave GC as the outermost found it."""
     was = gc.isenabled()
     gc.disable()
     try:
