@@ -27,14 +27,14 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:
 sys.path.insert(0, str(_HERE.parent))
 
 import numpy as np  # noqa: E402
-from _perf_common import command, git_rev, machine, md_table, table_parser, table_path, write  # noqa: E402
-from estimator import ARENA_BASE  # noqa: E402  (the calibration's base parameters: the same folds)
+from _perf_common import command, git_rev, machine, md_table, table_parser, write  # noqa: E402
+# the calibration's base parameters and measured rows: the same folds
+from estimator import ARENA_BASE, measured_observations  # noqa: E402
 
 from arena_opt.perf import calibrate as cal  # noqa: E402
 from arena_opt.perf.analytical import CostParams  # noqa: E402
 from arena_opt.perf.band import DEFAULT_PATH, BandModel, ResidualRow, residuals  # noqa: E402
 from arena_opt.perf.estimator import PerfEstimator  # noqa: E402
-from arena_opt.perf.table import PerfTable  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -83,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-out", type=Path, default=DEFAULT_PATH, help="where the band model goes")
     ap.add_argument("--level", type=float, default=0.8)
     args = ap.parse_args(argv)
-    path = table_path(args.table)
-    if path is None:
-        return 2
     t_start = time.perf_counter()
-    obs = cal.observations(PerfTable.load(path, "alpa_optimal"))
+    loaded = measured_observations(args.table)
+    if loaded is None:
+        return 2
+    path, obs = loaded
     folds = cal.leave_one_type_out(obs, ARENA_BASE)  # each fit sees the other types' rows only
     fold_params = {held: res.params.model_dump() for held, res in folds.items()}
     rows: list[ResidualRow] = []

@@ -62,6 +62,15 @@ def grouped(obs: list[cal.Observation], rel: list[float]) -> dict:
     return out
 
 
+def measured_observations(table: Path | None) -> tuple[Path, list[cal.Observation]] | None:
+    """Arena's measured best-plan rows (`alpa_optimal`) of --table, else of the shared data, as the calibration's
+    observations; None (after saying so) when there is no table: the bench exits 2."""
+    path = table_path(table)
+    if path is None:
+        return None
+    return path, cal.observations(PerfTable.load(path, "alpa_optimal"))
+
+
 def planner_predictions(obs: list[cal.Observation], params: CostParams) -> list[float]:
     est = PerfEstimator(params, table_mode="off")
     out = []
@@ -98,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --loto-only: also one line per held-out type and placement (nodes x GPUs per node)")
     ap.add_argument("--params-out", type=Path, default=CALIBRATED_PATH,
                     help="where the in-sample parameters go as the package's default (also written to --out)")
-    args = ap.parse_args(argv)
-    path = table_path(args.table)
-    if path is None:
-        return 2
     t_start = time.perf_counter()
-    obs = cal.observations(PerfTable.load(path, "alpa_optimal"))
+    args = ap.parse_args(argv)
+    loaded = measured_observations(args.table)
+    if loaded is None:
+        return 2
+    path, obs = loaded
     types = sorted({o.gpu_type for o in obs})
     log(f"{len(obs)} measured rows, GPU types {types}")
 
