@@ -134,3 +134,32 @@ def test_warm_started_relaxation_has_the_cold_optimum():
             assert p.feasible(hot.selection)
             assert p.objective(hot.selection) == pytest.approx(hot.bound, rel=1e-6, abs=1e-6)
     assert used == len(seq) - 1
+
+
+def test_rounding_that_does_not_pack_is_recorded_in_the_decision(monkeypatch):
+    """Where the relaxation's whole grids do not pack (greedy_select refuses the fixed set), `rounded` gives no
+    selection, says why (`dropped`), and the policy's decision, still feasible and solved, carries the why."""
+    import arena_opt.milp.certify as certify
+
+    def refuse(p, fixed=None, **kw):
+        raise RuntimeError(f"fixed selection does not pack (job {p.job_ids[next(iter(fixed))]})")
+
+    monkeypatch.setattr(certify, "greedy_select", refuse)
+    noted = 0
+    for seed in range(4):
+        for running, deadlines in ((0.0, 0.0), (0.3, 0.0), (0.6, 0.5)):
+            snap = generate_snapshot({"a100": (4, 4), "a10": (4, 2)}, 6, seed=seed, running_fraction=running,
+                                     deadline_fraction=deadlines, models=TINY_MODELS)
+            opts = ArenaOptions(backend="highspy", mip_gap=1e-3, max_gpus_per_job=4)
+            p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), opts)
+            lp = relax(p, threads=1)
+            fractional = lp.selection is None
+            if fractional:
+                assert lp.rounded(p) is None and "do not pack" in lp.dropped
+            d = ArenaPolicy(opts, estimator=EST).decide(snap)
+            check_decision(snap, d)
+            assert not d.stats.fallback
+            said = "rounded optimum dropped" in (d.stats.note or "")
+            assert said == fractional
+            noted += said
+    assert noted > 0

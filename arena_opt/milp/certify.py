@@ -43,6 +43,7 @@ class Relaxation:
     build_s: float
     solve_s: float
     x: np.ndarray | None = None  # the grid columns of its optimum (ClusterProblem.grids order)
+    dropped: str | None = None  # why `rounded` gave no selection (for the decision's note), once it was asked
 
     def optimum(self, p: ClusterProblem) -> SolveResult | None:
         """The integral relaxation optimum as the round's solution (status `optimal`), else None."""
@@ -56,13 +57,15 @@ class Relaxation:
         """A feasible selection read off the relaxation's optimum: every grid at 1 in it is kept, the other
         jobs are filled in by `greedy_select` (running jobs first where they are); None when those grids do
         not pack on the nodes (the relaxed free-slot columns of shared nodes can promise GPUs that a node
-        split does not give)."""
+        split does not give): then `dropped` says so."""
         if self.x is None:
             return None
         fixed = {int(p.job_of[k]): int(k) for k in np.flatnonzero(self.x >= 1.0 - _INTEGRAL_TOL)}
         try:
             return greedy_select(p, fixed=fixed)
-        except RuntimeError:
+        except RuntimeError as e:
+            self.dropped = (f"the LP relaxation's rounded optimum dropped: its {len(fixed)} whole grids do not "
+                            f"pack on the nodes ({e})")
             return None
 
     def certify(self, p: ClusterProblem, start: dict[int, int], mip_gap: float) -> SolveResult | None:

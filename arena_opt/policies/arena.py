@@ -83,7 +83,9 @@ class ArenaPolicy(GridPolicy):
             res = self._solve_sharded(p, backend, deadline)
             clock.lap("highs")
         else:
-            res, start, skipped, proved = self._solve_whole(p, backend, heuristic, clock, full.num_jobs, deadline)
+            res, start, skipped, proved, dropped = self._solve_whole(p, backend, heuristic, clock, full.num_jobs,
+                                                                     deadline)
+            note = "; ".join(filter(None, [note, dropped])) or None
             if proved:
                 solver, note = "highs LP relaxation via highspy", "; ".join(filter(None, [note, proved]))
         stats = SolverStats(solver=solver, status=res.status, objective=res.objective, bound=res.bound,
@@ -95,12 +97,8 @@ class ArenaPolicy(GridPolicy):
             if start is None:
                 start = greedy_start(p)
                 clock.lap("greedy")
-                info = {}
-                start = improve(p, start, until=clock.end - clock.after_choice_s(full.num_jobs, len(start)),
-                                stats=info)
-                clock.lap("improve")
-                if info["cut"]:
-                    clock.cut_short("improve")
+                start = _improve_lapped(p, start, clock.end - clock.after_choice_s(full.num_jobs, len(start)),
+                                        clock, report_cut=True)
             sel = start
             stats.fallback = True
             stats.objective = p.objective(sel)
@@ -123,10 +121,10 @@ class ArenaPolicy(GridPolicy):
     def _solve_whole(self, p: ClusterProblem, backend: str, heuristic: bool, clock: CallClock, jobs: int,
                      deadline: float):
         """One model for the whole round: (result, greedy start or None, whether the deadline passed before
-        HiGHS started, what proved the round without the MIP or None). `jobs`: the snapshot's, for the
-        reserve of the phases after the choice."""
+        HiGHS started, what proved the round without the MIP or None, why the relaxation's rounded optimum
+        was dropped or None). `jobs`: the snapshot's, for the reserve of the phases after the choice."""
         o = self.options
-        lp = rounded = None
+        lp = rounded = dropped = None
         if backend == "highspy" and not heuristic and len(p.grids) <= o.lp_certificate_max_grids:
             # the LP relaxation first (milp/certify.py), with a quarter of the time left at most: on simulated
             # rounds its optimum is mostly integral (the MILP's own), and then neither the greedy start nor
@@ -139,14 +137,15 @@ class ArenaPolicy(GridPolicy):
             clock.lap("lp")
             res = lp.optimum(p) if lp is not None else None
             if res is not None:
-                return res, None, False, _PROVED["optimal"]
+                return res, None, False, _PROVED["optimal"], None
             # its optimum rounded (integral grids kept, the rest greedy) is often within the gap of its
             # bound already: one greedy pass instead of the greedy start's orders and local moves
             rounded = lp.rounded(p) if lp is not None and p.max_reconfigs is None else None
+            dropped = None if lp is None else lp.dropped
             res = None if rounded is None else lp.certify(p, rounded, o.mip_gap)
             clock.lap("rounded")
             if res is not None:
-                return res, rounded, False, _PROVED["rounded"]
+                return res, rounded, False, _PROVED["rounded"], None
         # the greedy selection (greedy_start: the best of a few orders), improved by local moves, as HiGHS's
         # first incumbent: the search prunes from the root, and a round whose best move gains less than
         # the gap keeps it; it is also the decision when the deadline passes before HiGHS has anything
@@ -163,32 +162,32 @@ class ArenaPolicy(GridPolicy):
                 clock.cut_short("greedy")
             # the selection is known: the reserve for its placement and decision
             deadline = clock.end - clock.after_choice_s(jobs, len(start))
-            t, info = time.perf_counter(), {}
-            start = improve(p, start, until=deadline if heuristic else t + (deadline - t) / 2, stats=info)
-            clock.lap("improve")
-            if info["cut"] and heuristic:
-                clock.cut_short("improve")
+            t = time.perf_counter()
+            # cut short only where it decides alone: otherwise HiGHS goes on from it
+            start = _improve_lapped(p, start, deadline if heuristic else t + (deadline - t) / 2, clock,
+                                    report_cut=heuristic)
             if rounded is not None and p.objective(rounded) > p.objective(start):
                 start = rounded
         if lp is not None and start is not None:
             res = lp.certify(p, start, o.mip_gap)
             if res is not None:
-                return res, start, False, _PROVED[WITHIN_GAP]
+                return res, start, False, _PROVED[WITHIN_GAP], dropped
         if heuristic:
-            return SolveResult(None, "not_run", None, None, None, 0.0, 0.0), start, False, None
+            return SolveResult(None, "not_run", None, None, None, 0.0, 0.0), start, False, None, dropped
         if time.perf_counter() >= deadline:
             clock.cut_short("highs")
-            return SolveResult(None, "time_limit", None, None, None, 0.0, 0.0), start, True, None
+            return SolveResult(None, "time_limit", None, None, None, 0.0, 0.0), start, True, None, dropped
         res = solve_problem(p, time_limit_s=o.time_limit_s, mip_gap=o.mip_gap, threads=o.threads, backend=backend,
                             start=start, deadline=deadline)
         if lp is not None:  # the relaxation that proved nothing counts as model time
             res.build_s += lp.build_s + lp.solve_s
         if res.abandoned or res.status == "time_limit":
             clock.cut_short("highs")
-        if res.selection is not None and res.status != "optimal":
+        if res.selection is not None and res.status != "optimal" and not res.abandoned:
+            # an abandoned run hands back the start, which choose() reports as the fallback anyway
             res = _improved(p, res, until=deadline)
         clock.lap("highs")
-        return res, start, False, None
+        return res, start, False, None, dropped
 
     def _solve_sharded(self, p: ClusterProblem, backend: str, deadline: float) -> SolveResult:
         o = self.options
@@ -207,6 +206,18 @@ class ArenaPolicy(GridPolicy):
         status = statuses[0] if len(set(statuses)) == 1 else "mixed:" + ",".join(sorted(set(statuses)))
         # shard bounds do not bound the whole problem: no bound or gap is claimed for a merged result
         return SolveResult(sel, status, p.objective(sel), None, None, build, solve)
+
+
+def _improve_lapped(p: ClusterProblem, sel: dict[int, int], until: float, clock: CallClock,
+                    report_cut: bool) -> dict[int, int]:
+    """`sel` improved by local moves until `until`, timed as the clock's phase `improve` (reported cut short
+    when the deadline stopped the moves and `report_cut`)."""
+    info: dict = {}
+    sel = improve(p, sel, until=until, stats=info)
+    clock.lap("improve")
+    if info["cut"] and report_cut:
+        clock.cut_short("improve")
+    return sel
 
 
 def _improved(p: ClusterProblem, res: SolveResult, until: float) -> SolveResult:
