@@ -149,6 +149,23 @@ def test_simulate_flags_reach_the_policy(tmp_path):
     assert out["policy_options"]["colocation"] is None and out["policy_options"]["time_limit_s"] == 2.0
 
 
+def test_candidate_factor_flag_reaches_arena_and_bounds_its_milp(tmp_path):
+    """--candidate-factor sets arena's option; a small factor leaves waiting jobs out of the MILP (the
+    decision says so) and the decision stays feasible."""
+    from arena_opt.feasibility import check_decision
+    from arena_opt.snapshot import ClusterSnapshot
+
+    out = tmp_path / "d.json"
+    assert main(["solve", str(SMALL), "--candidate-factor", "0.05", "-o", str(out)]) == 0
+    d = Decision.model_validate_json(out.read_text())
+    assert d.policy_options["candidate_factor"] == 0.05
+    assert "left out of the MILP (candidate_factor 0.05)" in (d.stats.note or "")
+    check_decision(ClusterSnapshot.model_validate_json(SMALL.read_text()), d)
+    assert main(["simulate", "--trace", str(SMALL_TRACE), "--cluster", str(SMALL_CLUSTER), "--limit-jobs", "4",
+                 "--rounds", "2", "--candidate-factor", "1.5", "-o", str(tmp_path), "--quiet"]) == 0
+    assert json.loads((tmp_path / "arena.json").read_text())["policy_options"]["candidate_factor"] == 1.5
+
+
 def test_bench_gives_each_policy_the_flags_it_has(tmp_path):
     assert main(["bench", "--trace", str(SMALL_TRACE), "--cluster", str(SMALL_CLUSTER), "--policies", "fcfs,gavel",
                  "--limit-jobs", "4", "--time-limit", "2", "--no-colocation", "-o", str(tmp_path),
@@ -163,6 +180,9 @@ def test_bench_gives_each_policy_the_flags_it_has(tmp_path):
     (["solve", str(SMALL), "--policy", "fcfs", "--shards", "2"], "--shards: policy 'fcfs' has no such option"),
     (["solve", str(SMALL), "--gap", "-1"], "--gap must be >= 0 (value -1.0)"),
     (["solve", str(SMALL), "--threads", "0"], "--threads must be > 0 (value 0)"),
+    (["solve", str(SMALL), "--candidate-factor", "0"], "--candidate-factor must be > 0"),
+    (["solve", str(SMALL), "--policy", "sia", "--candidate-factor", "2"],
+     "--candidate-factor: policy 'sia' has no such option"),
     (["solve", str(SMALL), "--no-colocation", "--uplink-oversubscription", "2"], "contradict"),
     (["solve", str(SMALL), "--policy", "magic"], "unknown policy 'magic'"),
     (["simulate", "--trace", str(SMALL_TRACE), "--cluster", str(SMALL_CLUSTER), "--policy", "fcfs",

@@ -22,6 +22,7 @@ FLAGS = {
     "--uplink-oversubscription": ("uplink_oversubscription", "colocation"),
     "--no-colocation": ("no_colocation", "colocation"),
     "--caution": ("caution", "caution"),
+    "--candidate-factor": ("candidate_factor", "candidate_factor"),
 }
 
 
@@ -38,6 +39,9 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--caution", type=finite_float,
                    help="quantile of each estimate's error band the grids are priced at (0.5-1; default 0.9, "
                         "the 80%% band's upper edge; the estimator of solve and plan carries a band)")
+    g.add_argument("--candidate-factor", type=positive_float,
+                   help="arena: waiting jobs enter the MILP until their smallest grids add up to this many times "
+                        "the cluster's GPUs (default 2; lower bounds a round's work when the queue is long)")
     g.add_argument("--no-colocation", action="store_true",
                    help="no co-location model: placement ignores other jobs' traffic, est_slowdown is null")
 
