@@ -94,14 +94,14 @@ def micro_batches(plans) -> tuple[int, ...]:
     return tuple(sorted({BATCH // (p.dp * p.num_microbatches) for p in plans}))
 
 
-def cpu_work(prof, plan: Plan, comm, topo, scale: float = 1.0) -> float:
+def cpu_work(prof, plan: Plan, comm, topo, scale: float = 1.0, stack: bool = False) -> float:
     """CPU seconds all ranks of a plan spend per step in the composition (layers, collectives' CPU
-    time, optimizer; compute times `scale`): checked against the ranks' measured CPU time, it tells
-    compute terms apart from scheduling."""
+    time, optimizer; compute times `scale`; `stack`: with the profile's whole-stack correction): checked
+    against the ranks' measured CPU time, it tells compute terms apart from scheduling."""
     from arena_opt.stages import default_stages
 
     p = pc.layer_parts(prof, comm, topo, batch=BATCH, dp=plan.dp, tp=plan.tp, m=plan.num_microbatches,
-                       pp=plan.pp, recompute=plan.recompute)
+                       pp=plan.pp, recompute=plan.recompute, stack=stack)
     per_mb = scale * (p.fwd_s + p.bwd_s) + p.comm_cpu_fwd_s + p.comm_cpu_bwd_s
     stages = list(plan.stages) or default_stages(prof.arch, plan.pp)
     return plan.dp * plan.tp * sum(plan.num_microbatches * per_mb[a:e].sum() + scale * p.tail_cpu_s[a:e].sum()
@@ -123,6 +123,7 @@ def evaluate(prof, plan: Plan, r: dict, comm, topo, contention_k: float = 1.0) -
     bg = pc.host_background(prof, plan, BATCH, comm, topo, share, speed) if share else 0.0
     est_host = pc.plan_time(prof, plan, BATCH, comm, replace(topo, background=bg), compute_scale=speed).iter_time_s
     est_cpu, est_cpu_speed = cpu_work(prof, plan, comm, topo), cpu_work(prof, plan, comm, topo, speed)
+    est_cpu_stack = cpu_work(prof, plan, comm, topo, stack=True)
     meas_cpu = r.get("step_cpu_s") or r["own_cpu_step_s"]  # old runs: the window's CPU, probes included
     return {"arch": prof.arch.name, "world": w, "plan": plan.describe(), "stages": plan.stages,
             "estimate_s": est, "measured_s": meas, "measured_min_s": min(r["times"]), "steps_s": r["times"],
@@ -132,6 +133,7 @@ def evaluate(prof, plan: Plan, r: dict, comm, topo, contention_k: float = 1.0) -
             "host_share": share, "host_background": bg, "estimate_host_s": est_host,
             "rel_err_host": est_host / meas - 1,
             "estimate_cpu_s": est_cpu, "measured_cpu_s": meas_cpu, "rel_err_cpu": est_cpu / meas_cpu - 1,
+            "estimate_cpu_stack_s": est_cpu_stack, "rel_err_cpu_stack": est_cpu_stack / meas_cpu - 1,
             "speed_ratio": speed, "estimate_speed_s": est_speed, "rel_err_speed": est_speed / meas - 1,
             "rel_err_cpu_speed": est_cpu_speed / meas_cpu - 1,
             "contention": contention_k, "estimate_contended_s": est_cont, "rel_err_contended": est_cont / meas - 1}
@@ -263,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     by_world_min = defaultdict(list)
     by_world_load = defaultdict(list)
     by_world_cpu = defaultdict(list)
+    by_world_cpu_stack = defaultdict(list)
     by_world_speed = defaultdict(list)
     by_world_cpu_speed = defaultdict(list)
     by_world_cont = defaultdict(list)
@@ -274,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         by_world_speed[r["world"]].append(r["rel_err_speed"])
         by_world_cpu_speed[r["world"]].append(r["rel_err_cpu_speed"])
         by_world_cpu[r["world"]].append(r["rel_err_cpu"])
+        by_world_cpu_stack[r["world"]].append(r["rel_err_cpu_stack"])
         by_world[r["world"]].append(r["rel_err"])
         by_world_min[r["world"]].append(r["rel_err_min"])
         by_world_load[r["world"]].append(r["rel_err_host"])
@@ -284,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                "per_world_vs_min_step": {str(w): err_stats(v) for w, v in sorted(by_world_min.items())},
                "per_world_host": {str(w): err_stats(v) for w, v in sorted(by_world_load.items())},
                "per_world_cpu": {str(w): err_stats(v) for w, v in sorted(by_world_cpu.items())},
+               "per_world_cpu_stack": {str(w): err_stats(v) for w, v in sorted(by_world_cpu_stack.items())},
+               "stack_ratio": {n: {s.micro_batch: s.stack_s / s.layers_s for s in pr.stack}
+                               for n, pr in profiles.items()},
                "per_world_speed": {str(w): err_stats(v) for w, v in sorted(by_world_speed.items())},
                "per_world_cpu_speed": {str(w): err_stats(v) for w, v in sorted(by_world_cpu_speed.items())},
                "per_world_contended": {str(w): err_stats(v) for w, v in sorted(by_world_cont.items())},
@@ -362,6 +369,12 @@ def render(p: dict) -> str:
            "\nCPU work (all ranks' CPU seconds per step, estimated vs measured: every thread's on-CPU time over the "
            "timed step (speed probes and barriers outside it), from the same scheduler accounting): separates the compute terms from scheduling:\n",
            err_table(p["per_world_cpu"]),
+           "\nCPU work with the whole-stack correction (`layer_parts(stack=True)`: every layer's forward and "
+           "backward times the profile's whole model over the sum of its layers at the plan's micro-batch size, "
+           "measured by the profiler, nothing fitted to the plans; off in the planner's estimate): "
+           + "; ".join(f"{n} " + ", ".join(f"mb {b} x{k:.2f}" for b, k in sorted(v.items(), key=lambda x: int(x[0])))
+                       for n, v in p.get("stack_ratio", {}).items()) + ":\n",
+           err_table(p["per_world_cpu_stack"]),
            "\nAgainst the least disturbed (minimum) step:\n",
            err_table(p["per_world_vs_min_step"]),
            "\n## Every plan\n",

@@ -307,3 +307,25 @@ def test_schedule_share_and_the_host_background_that_explains_a_measured_share()
     assert want < 1.0
     bg = host_background(profile(), pp2, 8, comm(), topo, want)
     assert bg == pytest.approx(1.7, rel=1e-4)
+
+
+def test_whole_stack_correction_scales_compute_at_the_plans_micro_batch_only_when_asked():
+    from arena_opt.perf.profile_costs import layer_parts
+    from arena_opt.perf.profile_db import StackSample
+
+    prof = profile()
+    assert prof.stack == [] and prof.stack_scale(3) == 1.0  # an old profile: no correction
+    stacked = prof.model_copy(update={"stack": [StackSample(micro_batch=4, stack_s=0.9, layers_s=1.0),
+                                                StackSample(micro_batch=2, stack_s=0.6, layers_s=1.0)]})
+    assert stacked.stack_scale(2) == pytest.approx(0.6) and stacked.stack_scale(4) == pytest.approx(0.9)
+    assert stacked.stack_scale(3) == pytest.approx(0.75)  # linear between the sizes
+    assert stacked.stack_scale(1) == pytest.approx(0.6) and stacked.stack_scale(16) == pytest.approx(0.9)
+    topo = Topology(intra="loopback", cores=2)
+    kw = dict(batch=8, dp=2, tp=1, m=2, pp=1)  # micro-batch 2
+    plain, off, on = (layer_parts(p, comm(), topo, **kw, stack=st) for p, st in
+                      ((prof, True), (stacked, False), (stacked, True)))
+    np.testing.assert_allclose(off.fwd_s, plain.fwd_s)  # off by default and without samples
+    np.testing.assert_allclose(on.fwd_s, 0.6 * plain.fwd_s)
+    np.testing.assert_allclose(on.bwd_s, 0.6 * plain.bwd_s)
+    np.testing.assert_allclose(on.tail_cpu_s, plain.tail_cpu_s)  # the optimizer is not layer compute
+    np.testing.assert_allclose(on.dp_cpu_s, plain.dp_cpu_s)  # nor the gradient all-reduce

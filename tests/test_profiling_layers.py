@@ -40,6 +40,12 @@ def test_profile_covers_layers_and_scales_with_shapes(name):
         assert all(s.sync_s == 0.0 for s in lp.at(1))
     assert prof.optim_call_s > 0
     assert prof.probe_s is not None and prof.probe_s > 0  # the speed the samples are stored at
+    # the whole model at every micro-batch size, against the sum of its layers at that size
+    assert [s.micro_batch for s in prof.stack] == [2, 8]
+    for st in prof.stack:
+        assert st.layers_s == pytest.approx(sum(s.fwd_s + s.bwd_s for lp in prof.layers for _ in lp.indices
+                                                for s in lp.samples if (s.tp, s.dp, s.micro_batch) ==
+                                                (1, 1, st.micro_batch)))
     pdb.ProfileDB(models=[prof])  # validates
 
 
@@ -72,8 +78,8 @@ def test_samples_rescale_to_the_reference_speed_and_probe_is_timed():
 def test_profile_without_speed_probe_keeps_raw_times():
     arch = scaled_arch(get_arch("gpt-350M"), max_layers=1)
     prof = profile_model(arch, micro_batches=(1,), tp_degrees=(1,), dp_degrees=(), warmup=0, repeats=1,
-                         speed_probe=False, progress=None)
-    assert prof.probe_s is None
+                         speed_probe=False, whole_stack=False, progress=None)
+    assert prof.probe_s is None and prof.stack == []
 
 
 def test_profile_command_writes_a_database(tmp_path):

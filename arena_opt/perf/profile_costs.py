@@ -184,8 +184,12 @@ def _nearest(values: list[int], want: int) -> int:
 
 
 def layer_parts(prof: ModelProfile, comm: CommModel, topo: Topology, *, batch: int, dp: int, tp: int, m: int,
-                pp: int, recompute: bool = False, semantics: RuntimeSemantics = RuntimeSemantics()) -> LayerParts:
-    """Per-layer pieces of one micro-batch of batch / (dp * m) samples from measured samples at tp."""
+                pp: int, recompute: bool = False, semantics: RuntimeSemantics = RuntimeSemantics(),
+                stack: bool = False) -> LayerParts:
+    """Per-layer pieces of one micro-batch of batch / (dp * m) samples from measured samples at tp.
+    `stack`: every layer's forward and backward scaled by the profile's whole-stack over layer-sum ratio at
+    this micro-batch size (`ModelProfile.stack_scale`); off by default: on session 7's run it mended
+    wide_resnet's whole-model plans but made its pipeline stages and every gpt plan worse (CPU work)."""
     if tp not in prof.tp_degrees:
         raise InputError(f"profile of {prof.model} on {prof.device} has no tp = {tp} samples "
                          f"(measured: {prof.tp_degrees})")
@@ -198,6 +202,7 @@ def layer_parts(prof: ModelProfile, comm: CommModel, topo: Topology, *, batch: i
     pp_link = topo.link(world) if pp > 1 else topo.intra
     fsdp = dp > 1 and (semantics.dp_mode == "fsdp" or tp > 1 or pp > 1)
     call = prof.optim_call_s
+    stack_k = prof.stack_scale(b) if stack else 1.0
 
     fwd, bwd, cf, cb, p2p, dps, tail = (np.zeros(n) for _ in range(7))
     cfc, cfw, cbc, cbw, dpc, dpw = (np.zeros(n) for _ in range(6))
@@ -210,7 +215,7 @@ def layer_parts(prof: ModelProfile, comm: CommModel, topo: Topology, *, batch: i
         base = lp.at(tp)
         measured_dp = lp.dp_degrees(tp) if fsdp else []
         samples = lp.at(tp, _nearest(measured_dp, dp)) if measured_dp else base
-        f, bw = _interp(samples, b, "fwd_s"), _interp(samples, b, "bwd_s")
+        f, bw = stack_k * _interp(samples, b, "fwd_s"), stack_k * _interp(samples, b, "bwd_s")
         out_b = _interp(base, b, "out_bytes")
         params = base[0].params
         fwd[i], bwd[i] = f, bw + (f if recompute else 0.0)
@@ -239,7 +244,7 @@ def layer_parts(prof: ModelProfile, comm: CommModel, topo: Topology, *, batch: i
         total = float(sum(lp.at(tp)[0].params for lp in layers)) * 4.0
         buckets = max(1, math.ceil(total / DDP_BUCKET_BYTES))
         t_ar, c_ar, w_ar = (buckets * x for x in comm.split("all_reduce", total / buckets, dp, dp_link))
-        last_bwd = float(sum(_interp(lp.at(tp), b, "bwd_s") for lp in layers))
+        last_bwd = stack_k * float(sum(_interp(lp.at(tp), b, "bwd_s") for lp in layers))
         exposed = max(t_ar - semantics.ddp_overlap * last_bwd, t_ar / buckets)
         weights = np.array([lp.at(tp)[0].params for lp in layers], dtype=float)
         w = weights / max(weights.sum(), 1.0)

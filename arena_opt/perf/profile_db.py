@@ -10,6 +10,7 @@ Format (`format = "arena-opt-profile"`, `version = 1`):
          "torch": "2.13.0", "created": "2026-...Z", "clock": "thread", "warmup": 2, "repeats": 5,
          "optim_call_s": ...,                       # fixed cost of one optimizer step call
          "probe_s": ...,                            # speed probe time the samples are scaled to (optional)
+         "stack": [{"micro_batch": 2, "stack_s": ..., "layers_s": ...}],  # whole model (optional)
          "layers": [                                # one entry per distinct layer shape
            {"indices": [1, 2, 3, 4], "kind": "block",
             "samples": [                            # keyed by (tp, dp, micro_batch)
@@ -34,6 +35,9 @@ keeps for the backward pass, `out_bytes` the layer output (what a pipeline stage
 the parameters one tp rank holds. `probe_s` is the time of the speed probe
 (`arena_opt.profiling.speed`) at the host speed every sample was rescaled to; a run that times the
 same probe is estimated at its own speed by scaling compute with the ratio of the two.
+`stack` (optional) holds whole-model samples per micro-batch size: forward, loss and backward of the
+chained layers against the sum of the layers' own samples (`stack_s`, `layers_s`); the composition can
+scale every layer's forward and backward by their ratio at the micro-batch size it runs (`layer_parts(stack=True)`).
 `dp`, `sync_s`, `optim_call_s` and `probe_s` are optional (profiles written
 before they existed read as dp = 1, no sync work, no per-call cost). Files are JSON only (never pickle); a file of another format or
 version, or with a bad field, is rejected with the file, field and value in the message.
@@ -98,6 +102,17 @@ class LayerProfile(_Strict):
         return sorted({s.dp for s in self.samples if s.tp == tp and s.dp > 1})
 
 
+class StackSample(_Strict):
+    """The whole model (tp 1, one process) at one micro-batch size: forward, loss and backward as one
+    chain (`stack_s`), and the sum of its layers' own samples at that size (`layers_s`), both at the
+    profile's reference speed. Their ratio is what the layers do differently alone than in the chain
+    (caches warm from the previous layer, per-layer timing), measured, not fitted."""
+
+    micro_batch: PositiveInt
+    stack_s: PositiveFloat
+    layers_s: PositiveFloat
+
+
 class ModelProfile(_Strict):
     model: str
     arch: Arch
@@ -114,6 +129,17 @@ class ModelProfile(_Strict):
     probe_s: PositiveFloat | None = Field(None, description="the speed probe's time at the speed every sample "
                                           "is stored at (arena_opt.profiling.speed); None: not probed")
     layers: list[LayerProfile] = Field(min_length=1)
+    stack: list[StackSample] = Field(default_factory=list, description="whole-model samples; [] in old profiles")
+
+    def stack_scale(self, b: float) -> float:
+        """Whole stack over the sum of its layers at micro-batch size `b`: piecewise linear between the
+        measured sizes, the nearest one's beyond them; 1 without stack samples."""
+        import numpy as np
+
+        if not self.stack:
+            return 1.0
+        got = sorted(self.stack, key=lambda s: s.micro_batch)
+        return float(np.interp(b, [s.micro_batch for s in got], [s.stack_s / s.layers_s for s in got]))
 
     @model_validator(mode="after")
     def _cover(self) -> "ModelProfile":

@@ -39,7 +39,7 @@ import time
 from datetime import datetime, timezone
 from typing import Callable
 
-from arena_opt.perf.profile_db import LayerProfile, LayerSample, ModelProfile
+from arena_opt.perf.profile_db import LayerProfile, LayerSample, ModelProfile, StackSample
 from arena_opt.profiling.speed import SpeedProbe
 from models.catalog import Arch
 from models.layers import layer_table
@@ -274,6 +274,34 @@ def measure_layer(arch: Arch, index: int, tp: int, b: int, shape, integer: bool,
             statistics.median(probes) if probes else None)
 
 
+def measure_stack(arch: Arch, b: int, device, warmup: int, repeats: int, clock=time.perf_counter,
+                  probe: SpeedProbe | None = None) -> tuple[float, float | None] | None:
+    """Forward, loss and backward of the whole model (tp 1, the layers chained as `runners` chain them)
+    at micro-batch size `b`, a fresh batch every repeat: (median seconds, median probe time), or None
+    where the model cannot run at that size (training-mode batch norm over one value per channel)."""
+    import torch
+
+    from models.torch_layers import LayerStack, loss_fn, synthetic_batch
+
+    stack = LayerStack(arch, seed=0).to(device)
+    times, probes = [], []
+    for r in range(warmup + repeats):
+        x, y = synthetic_batch(arch, 1000 + r, b, device=device)
+        if probe is not None:
+            probes.append(probe.probe())
+        _sync(device)
+        t0 = clock()
+        try:
+            loss_fn(stack(x), y).backward()
+        except ValueError:
+            return None
+        _sync(device)
+        if r >= warmup:
+            times.append(clock() - t0)
+        stack.zero_grad(set_to_none=True)
+    return statistics.median(times), statistics.median(probes) if probes else None
+
+
 def _at_speed(s: LayerSample, k: float) -> LayerSample:
     """The sample's times scaled by k (from the speed it ran at to the profile's reference speed)."""
     return s.model_copy(update={f: k * getattr(s, f) for f in ("fwd_s", "bwd_s", "sync_s", "optim_s")})
@@ -313,7 +341,7 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
                   tp_degrees: tuple[int, ...] = (1, 2, 4, 8), dp_degrees: tuple[int, ...] = (2,),
                   max_ranks: int | None = None, warmup: int = 2, repeats: int = 5,
                   threads: int | None = 1, clock: str | None = None, speed_probe: bool = True,
-                  progress: Progress | None = _stderr) -> ModelProfile:
+                  whole_stack: bool = True, progress: Progress | None = _stderr) -> ModelProfile:
     """Measure every distinct layer of `arch` at every (tp, micro-batch) that its shapes allow, and
     under FSDP2 over each of `dp_degrees` (dp > 1 samples, for plans that shard data parallelism).
     `max_ranks`: no (tp, dp) sample of more ranks than that (tp x dp), as no plan of as many ranks runs it.
@@ -323,7 +351,8 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     hold the core, so a profile does not depend on what else runs). `speed_probe`: time the
     reference kernel of `arena_opt.profiling.speed` before every repeat and store every sample at
     the profile's median probe time (`probe_s`), so that layers timed a minute apart on a host
-    whose speed drifts still add up."""
+    whose speed drifts still add up. `whole_stack`: also time the whole model at every micro-batch size
+    against the sum of its layers (`ModelProfile.stack`, the composition's per-size correction)."""
     import torch
 
     dev = torch.device(device)
@@ -364,6 +393,8 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
                     progress(f"[profile] {done}/{total} layer {idx[0]} ({kind}, x{len(idx)}) tp={tp} dp={dp} "
                              f"mb={b}: fwd {1e3 * s.fwd_s:.2f} ms, bwd {1e3 * s.bwd_s:.2f} ms, "
                              f"act {s.act_bytes / 2**20:.2f} MiB  [{el:.0f} s, eta {el / done * (total - done):.0f} s]")
+    stacked = {b: got for b in micro_batches if whole_stack
+               and (got := measure_stack(arch, b, dev, warmup, repeats, clock_fn, probe)) is not None}
     call_s = optimizer_call_s(dev, clock=clock_fn)
     # the reference speed is the probe's median over the whole profile, each probe taken in the same
     # state (right after layer work) as the probes of a measured run (right after a step)
@@ -372,6 +403,14 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     for kind, idx in groups:
         samples = [_at_speed(s, ref_s / p) if ref_s else s for s, p in by_group[idx[0]]]
         layers.append(LayerProfile(indices=idx, kind=kind, samples=samples))
+    stack = []
+    for b, (t, p) in stacked.items():
+        per_layer = {i: s for lp in layers for i in lp.indices for s in lp.samples
+                     if (s.tp, s.dp, s.micro_batch) == (1, 1, b)}
+        if len(per_layer) < layer_table(arch).num_layers:  # a size some layer was not measured at (alone)
+            continue
+        stack.append(StackSample(micro_batch=b, stack_s=t * ref_s / p if ref_s else t,
+                                 layers_s=sum(s.fwd_s + s.bwd_s for s in per_layer.values())))
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine())
     if dev.type == "cpu":
         try:
@@ -382,7 +421,7 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     return ModelProfile(model=arch.name, arch=arch, device=dev.type, device_name=name, dtype="fp32",
                         threads=torch.get_num_threads() if dev.type == "cpu" else 1, torch=torch.__version__,
                         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), clock=clock, warmup=warmup,
-                        repeats=repeats, optim_call_s=call_s, probe_s=ref_s, layers=layers)
+                        repeats=repeats, optim_call_s=call_s, probe_s=ref_s, layers=layers, stack=stack)
 
 
 def cpu_cores() -> int:
