@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arena_opt.grids import GridCatalog, WorkloadOptions, pools
+from arena_opt.grids import GridCatalog, WorkloadOptions
 from arena_opt.milp.options import ArenaOptions
 from arena_opt.milp.problem import ClusterProblem, JobStats, JobTerms, build_problem, grid_value, job_terms
 from arena_opt.snapshot import ClusterSnapshot
@@ -103,9 +103,9 @@ def workload_ranking(snapshot: ClusterSnapshot, catalog: GridCatalog, opts: Aren
         sub = JobStats.of([jobs[i] for i in run_idx], own)
         stats.best[run_idx], stats.gpu_s[run_idx], stats.has_grids[run_idx] = sub.best, sub.gpu_s, sub.has_grids
         for i in run_idx:
-            units = [g.node_units(g.pool[1]) for g in own[jobs[i].id]]
-            if units:
-                smallest[i] = float(min(units))
+            gs = own[jobs[i].id]
+            if gs:  # Grid.columns[3]: its node units, cached on the grid (the same objects round after round)
+                smallest[i] = float(min(g.columns[3] for g in gs))
     for (eid, _), idx in groups.items():
         s = entries[eid].summary()
         if not len(s.throughput):
@@ -129,7 +129,7 @@ def workload_ranking(snapshot: ClusterSnapshot, catalog: GridCatalog, opts: Aren
         value = grid_value(base, (s.throughput / np.maximum(stats.best[idx[0]], 1e-12))[None, :], share[None, :],
                            s.gpus[None, :], opts)
         density[idx] = (value / np.maximum(s.units, 1)[None, :]).max(axis=1)
-    total = sum(p.num_gpus for p in pools(snapshot).values())
+    total = sum(n.num_gpus for n in snapshot.nodes)  # every pool's GPUs, without grouping the nodes again
     entry_of = {i: entries[eid] for (eid, _), idx in groups.items() for i in idx}
     return _Workloads(Ranking(density, smallest, must, total), terms, own, entry_of)
 
