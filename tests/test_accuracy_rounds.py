@@ -65,7 +65,9 @@ def test_sched_times_count_this_threads_cpu_and_nothing_while_it_sleeps():
     time.sleep(0.1)
     c = sched_times()
     assert b[1] - a[1] == pytest.approx(0.05, abs=0.02) and b[0] - a[0] >= b[1] - a[1] - 1e-3
-    assert c[1] - b[1] < 0.01 and c[2] - b[2] < 0.01  # asleep: neither on a core nor waiting for one
+    # asleep: neither on a core nor waiting for one. Waking up waits for a core on a loaded host (21 ms
+    # seen at load 8), which is run-queue delay; a sleep counted as waiting would add the whole 100 ms
+    assert c[1] - b[1] < 0.01 and c[2] - b[2] < 0.05
     assert all(y >= x for x, y in zip(a, c))
 
 

@@ -194,3 +194,21 @@ def test_bad_policy_flag_exits_2_naming_flag_and_value(argv, msg, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
+
+
+def test_flag_help_shows_the_defaults_the_options_models_hold(monkeypatch):
+    """The help of the policy flags reads each default from the options model: move a default and the help
+    moves with it (they were typed in, and could drift from what runs)."""
+    import argparse
+
+    from arena_opt.policies.flags import add_policy_args
+
+    def help_of(flag: str) -> str:
+        p = argparse.ArgumentParser()
+        add_policy_args(p)
+        return next(a.help for a in p._actions if flag in a.option_strings)
+
+    assert "default 2;" in help_of("--candidate-factor") and "arena: 10;" in help_of("--time-limit")
+    monkeypatch.setattr(ArenaOptions.model_fields["candidate_factor"], "default", 3.5)
+    monkeypatch.setattr(ArenaOptions.model_fields["time_limit_s"], "default", 7.0)
+    assert "default 3.5;" in help_of("--candidate-factor") and "arena: 7;" in help_of("--time-limit")

@@ -26,22 +26,38 @@ FLAGS = {
 }
 
 
+def _default(model, field: str):
+    return model.model_fields[field].default
+
+
 def add_policy_args(p: argparse.ArgumentParser) -> None:
+    # the defaults shown are read from the options models, so the help cannot drift from what runs
+    from arena_opt.linkloads import ColocationOptions as C
+    from arena_opt.policies.options import ArenaOptions as A, GavelOptions as G, SiaOptions as S
+
     g = p.add_argument_group("policy options (default: each policy's own; see arena_opt/policies/options.py)")
-    g.add_argument("--time-limit", type=positive_float, help="solver time limit per round, s (arena, gavel: 10; sia: 5)")
-    g.add_argument("--gap", type=nonneg_float, help="relative MIP gap (arena: 0.01; gavel: 1e-4; sia: 0.01)")
-    g.add_argument("--shards", type=positive_int, help="arena: split level 1 into N shards (default 1)")
-    g.add_argument("--threads", type=positive_int, help="arena: HiGHS threads (default 1)")
+    g.add_argument("--time-limit", type=positive_float,
+                   help=f"solver time limit per round, s (arena: {_default(A, 'time_limit_s'):g}; gavel: "
+                        f"{_default(G, 'time_limit_s'):g}; sia: {_default(S, 'time_limit_s'):g})")
+    g.add_argument("--gap", type=nonneg_float,
+                   help=f"relative MIP gap (arena: {_default(A, 'mip_gap'):g}; gavel: {_default(G, 'mip_gap'):g}; "
+                        f"sia: {_default(S, 'mip_gap'):g})")
+    g.add_argument("--shards", type=positive_int,
+                   help=f"arena: split level 1 into N shards (default {_default(A, 'shards')})")
+    g.add_argument("--threads", type=positive_int, help=f"arena: HiGHS threads (default {_default(A, 'threads')})")
     g.add_argument("--max-reconfigs", type=nonneg_int, help="arena: cap on running jobs changed per round")
     g.add_argument("--uplink-oversubscription", type=positive_float,
-                   help="rack nodes' network bandwidth over the rack uplink's (default 1, non-blocking); above 1 "
+                   help="rack nodes' network bandwidth over the rack uplink's (default "
+                        f"{_default(C, 'uplink_oversubscription'):g}; 1 is non-blocking); above 1 "
                         "placement keeps cross-rack jobs off shared uplinks and decisions predict their slowdown")
     g.add_argument("--caution", type=finite_float,
-                   help="quantile of each estimate's error band the grids are priced at (0.5-1; default 0.9, "
-                        "the 80%% band's upper edge; the estimator of solve and plan carries a band)")
+                   help=f"quantile of each estimate's error band the grids are priced at (0.5-1; default "
+                        f"{_default(A, 'caution'):g}, the 80%% band's upper edge; the estimator of solve and plan "
+                        "carries a band)")
     g.add_argument("--candidate-factor", type=positive_float,
                    help="arena: waiting jobs enter the MILP until their smallest grids add up to this many times "
-                        "the cluster's GPUs (default 2; lower bounds a round's work when the queue is long)")
+                        f"the cluster's GPUs (default {_default(A, 'candidate_factor'):g}; lower bounds a round's "
+                        "work when the queue is long)")
     g.add_argument("--no-colocation", action="store_true",
                    help="no co-location model: placement ignores other jobs' traffic, est_slowdown is null")
 
