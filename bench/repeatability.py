@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                "per_world": {str(w): err_stats(v) for w, v in sorted(by_world.items())},
                "per_world_estimate": {str(w): err_stats(v) for w, v in sorted(by_world_est.items())},
                "all": err_stats([r["rel_diff"] for r in rows]), "rows": rows}
-    write(args.out, "repeatability", payload, render(payload, runs), inputs=args.runs)
-    print(render(payload, runs))
+    md = render(payload, runs)
+    write(args.out, "repeatability", payload, md, inputs=args.runs)
+    print(md)
     return 0
 
 
