@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         profiles[name] = prof = profile_model(
             arch, micro_batches=micro_batches(p for ps in plans[name].values() for p in ps),
             tp_degrees=(1, 2, 4), dp_degrees=(2,), max_ranks=max_world, repeats=args.repeats, warmup=2,
-            threads=1, progress=None)
+            threads=1, whole_stack=True, progress=None)
         profile_s[name] = time.perf_counter() - t0
         db.put_model(prof)
         log(f"{arch.name}: profiled in {profile_s[name]:.0f} s")

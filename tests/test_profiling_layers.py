@@ -26,7 +26,8 @@ def test_distinct_layers_group_identical_rows():
 def test_profile_covers_layers_and_scales_with_shapes(name):
     arch = scaled_arch(get_arch(name), max_layers=2)
     tps = (1, 2) if arch.family != "wide_resnet" else (1,)
-    prof = profile_model(arch, micro_batches=(2, 8), tp_degrees=tps, warmup=0, repeats=1, progress=None)
+    prof = profile_model(arch, micro_batches=(2, 8), tp_degrees=tps, warmup=0, repeats=1, whole_stack=True,
+                         progress=None)
     assert prof.tp_degrees == list(tps)
     assert [lp.kind for lp in prof.layer_of()] == list(layer_table(arch).kinds)
     for lp in prof.layers:
@@ -78,8 +79,8 @@ def test_samples_rescale_to_the_reference_speed_and_probe_is_timed():
 def test_profile_without_speed_probe_keeps_raw_times():
     arch = scaled_arch(get_arch("gpt-350M"), max_layers=1)
     prof = profile_model(arch, micro_batches=(1,), tp_degrees=(1,), dp_degrees=(), warmup=0, repeats=1,
-                         speed_probe=False, whole_stack=False, progress=None)
-    assert prof.probe_s is None and prof.stack == []
+                         speed_probe=False, progress=None)
+    assert prof.probe_s is None and prof.stack == []  # the whole stack is timed only when asked
 
 
 def test_profile_command_writes_a_database(tmp_path):
@@ -91,3 +92,13 @@ def test_profile_command_writes_a_database(tmp_path):
     assert rc == 0
     db = pdb.load(out)
     assert db.models[0].model.startswith("bert-350M@") and db.models[0].clock == "thread"
+    assert db.models[0].stack == []  # the correction is off by default, so its samples are not paid for
+
+
+def test_profile_command_times_the_whole_stack_when_asked(tmp_path):
+    from arena_opt.cli import main
+
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", "gpt-350M", "--batch", "1,2", "--tp", "1", "--repeats", "1", "--warmup", "0",
+                 "--max-layers", "1", "--whole-stack", "--quiet", "--out", str(out)]) == 0
+    assert [s.micro_batch for s in pdb.load(out).models[0].stack] == [1, 2]

@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--threads", type=positive_int, default=1, help="intra-op threads on cpu (default 1, as the runners' "
                                                           "one-process-per-rank CPU runs)")
+    p.add_argument("--whole-stack", action="store_true",
+                   help="also time the whole model at every micro-batch size against the sum of its layers "
+                        "(the whole-stack correction's samples; off by default, as the correction is)")
     p.add_argument("--comm", action="store_true", help="also benchmark collectives and fit alpha-beta")
     p.add_argument("--comm-only", action="store_true", help="only benchmark collectives")
     p.add_argument("--comm-worlds", default="2,4", help="process counts of the collective benchmark")
@@ -86,7 +89,7 @@ def handler(args: argparse.Namespace) -> int:
 
         prof = profile_model(arch, device=args.device, micro_batches=micro, tp_degrees=tps, warmup=args.warmup,
                              repeats=args.repeats, threads=args.threads if args.device == "cpu" else None,
-                             progress=say)
+                             whole_stack=args.whole_stack, progress=say)
         db.put_model(prof)
         pdb.save(db, args.out)
         print(f"{prof.model} on {prof.device} ({prof.device_name}): {len(prof.layers)} distinct layers, "

@@ -341,7 +341,7 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
                   tp_degrees: tuple[int, ...] = (1, 2, 4, 8), dp_degrees: tuple[int, ...] = (2,),
                   max_ranks: int | None = None, warmup: int = 2, repeats: int = 5,
                   threads: int | None = 1, clock: str | None = None, speed_probe: bool = True,
-                  whole_stack: bool = True, progress: Progress | None = _stderr) -> ModelProfile:
+                  whole_stack: bool = False, progress: Progress | None = _stderr) -> ModelProfile:
     """Measure every distinct layer of `arch` at every (tp, micro-batch) that its shapes allow, and
     under FSDP2 over each of `dp_degrees` (dp > 1 samples, for plans that shard data parallelism).
     `max_ranks`: no (tp, dp) sample of more ranks than that (tp x dp), as no plan of as many ranks runs it.
@@ -352,7 +352,9 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     reference kernel of `arena_opt.profiling.speed` before every repeat and store every sample at
     the profile's median probe time (`probe_s`), so that layers timed a minute apart on a host
     whose speed drifts still add up. `whole_stack`: also time the whole model at every micro-batch size
-    against the sum of its layers (`ModelProfile.stack`, the composition's per-size correction)."""
+    against the sum of its layers (`ModelProfile.stack`, the composition's per-size correction). Off by
+    default because the correction that reads it (`layer_parts(stack=True)`) is off by default, and the
+    whole model costs about as much to time again as all its layers."""
     import torch
 
     dev = torch.device(device)
