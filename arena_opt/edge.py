@@ -44,7 +44,8 @@ class EdgeModel(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _bools_are_not_numbers(cls, data):
-        if isinstance(data, dict):
+        # most objects hold no true/false at all: the values' types, collected in C, say so at once
+        if isinstance(data, dict) and bool in set(map(type, data.values())):
             names = _numeric_fields(cls)
             for k, v in data.items():
                 if (v is True or v is False) and k in names:

@@ -9,6 +9,7 @@ HGX boards). Any entry can be replaced in a snapshot's `gpu_catalog`.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 from pydantic import ConfigDict, Field, PositiveFloat
@@ -72,6 +73,7 @@ BUILTIN_GPUS: dict[str, GpuSpec] = {
 GPU_ALIASES = {"a100": "a100-40gb", "v100": "v100-32gb", "h100": "h100-80gb"}
 
 
+@functools.lru_cache(maxsize=4096)  # once per job and node of a snapshot: 150,000 calls for a handful of names
 def canonical_gpu(name: str) -> str:
     n = name.strip().lower()
     return GPU_ALIASES.get(n, n)

@@ -125,9 +125,12 @@ class Job(_Strict):
     @field_validator("model")
     @classmethod
     def _known_model(cls, v: str | Arch) -> str | Arch:
-        if isinstance(v, str) and arena_model_name(v) not in ARCHITECTURES:
+        if not isinstance(v, str):
+            return v
+        name = arena_model_name(v)
+        if name not in ARCHITECTURES:
             raise ValueError(f"unknown model {v!r} (see `arena-opt models` for the catalog)")
-        return arena_model_name(v) if isinstance(v, str) else v
+        return name
 
     @field_validator("allowed_gpu_types")
     @classmethod

@@ -112,14 +112,15 @@ def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Gri
     """`slowdowns`: predicted co-location factor of the placed jobs (absent = 1); None = not modelled.
     `options`: the policy's options as JSON, recorded in the decision."""
     out = []
+    unselected = "not selected: higher-value jobs use the capacity"
     for job in snapshot.jobs:
         g = chosen.get(job.id)
+        if g is None:  # most jobs of a big round (action_for's answer without the call)
+            out.append(JobDecision(job_id=job.id, action="preempt" if job.running else "wait",
+                                   reason=reasons.get(job.id, unselected)))
+            continue
         pl = placements.get(job.id)
         act = action_for(job, g, pl)
-        if g is None:
-            out.append(JobDecision(job_id=job.id, action=act,
-                                   reason=reasons.get(job.id, "not selected: higher-value jobs use the capacity")))
-            continue
         plan = job.running.plan if g.current else g.result.plan
         slow = None if slowdowns is None else slowdowns.get(job.id, 1.0)
         out.append(JobDecision(job_id=job.id, action=act, gpu_type=g.shape.gpu_type, num_gpus=g.num_gpus,
