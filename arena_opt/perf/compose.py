@@ -252,7 +252,6 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
                  for a in range(0, c, chunk)]
         return Splits(*(np.concatenate([getattr(p, f) for p in parts]) for f in Splits.__dataclass_fields__))
     cap = caps.reshape(c, 1)
-    s = _Segments(lc, pp, m)
     if pp > 2:
         fit = _fits(lc, pp, caps)
         if not fit.all():  # the DP only for candidates that some split fits in memory
@@ -264,6 +263,7 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
                 for f in Splits.__dataclass_fields__:
                     getattr(out, f)[keep] = getattr(got, f)
             return out
+    s = _Segments(lc, pp, m)
     if pp == 1:
         t, cost, mem = (x[:, n] for x in s.row(0))
         return Splits(mem <= caps, bounds, np.where(mem <= caps, cost, np.inf), t[:, None], mem[:, None])

@@ -212,9 +212,10 @@ class Planner:
     def _plan_all(self, grids: list[tuple]) -> list[GridPlans]:
         """Plans of grids, all at once. Every grid's candidates (tp, dp = GPUs / (pp tp), micro-batches) are
         costed in one `layer_costs` call per (model, GPU, link) and split in one `split_many` call per
-        (model, pp), across grids: numpy's cost per call, not the arithmetic, was the planner's time, and
-        each candidate's split is independent of the others in its stack. Recomputation only pays when
-        the plain plan does not fit, so only the candidates without a plain split are tried with it."""
+        (layer count, pp), across grids and models: numpy's cost per call, not the arithmetic, was the
+        planner's time, and each candidate's split is independent of the others in its stack.
+        Recomputation only pays when the plain plan does not fit, so only the candidates without a plain
+        split are tried with it."""
         cand = []  # (grid, tp, dp, m), by grid, then tp, then m: the tie-break of equal plans
         groups: dict[tuple, int] = {}  # (model, GPU name, GPU, link) -> its cost group
         group_of = np.zeros(len(grids), dtype=int)
@@ -333,7 +334,7 @@ class Planner:
         """Best split of each candidate of `rows` (indices into `cols`: grid, tp, dp, m), with or without
         recomputation. Analytical costs of a cost group's (model, GPU, link) candidates in one pass (the
         grids' nodes, GPUs per node and batch as arrays: `layer_terms` is elementwise in them), measured
-        layers (`layer_source`) where a profile has them, then one DP per (model, pp). Returns
+        layers (`layer_source`) where a profile has them, then one DP per (layer count, pp). Returns
         (splits, the candidates they are of, their costs) triples."""
         g, tp, dp, m = cols
         grp = group_of[g[rows]]
@@ -355,7 +356,9 @@ class Planner:
                     lc = stack([r if r is not None else take(lc, i) for i, r in enumerate(measured)])
             for p in np.unique(pp).tolist():
                 at = np.flatnonzero(pp == p)
-                by_split.setdefault((arch, p), []).append((take(lc, at), cs[at]))
+                # models of one layer count share a stack: each candidate's split is its own, and numpy's
+                # cost per call, not the arithmetic, is most of split_many's time
+                by_split.setdefault((lc.num_layers, p), []).append((take(lc, at), cs[at]))
         out = []
         for (_, p), parts in by_split.items():
             cs = np.concatenate([c for _, c in parts])
