@@ -10,7 +10,7 @@ from arena_opt.grids import GridCatalog
 from arena_opt.instances import generate_snapshot
 from arena_opt.milp.candidates import candidates, problem_ranking, round_problem, workload_ranking
 from arena_opt.milp.options import ArenaOptions
-from arena_opt.milp.problem import build_problem
+from arena_opt.milp.problem import GridBlocks, build_problem
 from arena_opt.milp.shards import restrict
 from arena_opt.milp.solve import solve_problem
 from arena_opt.perf.estimator import PerfEstimator
@@ -129,3 +129,53 @@ def test_filter_drops_no_job_of_the_optimum_when_every_job_takes_one_gpu(seed):
     if len(np.unique(ref.value)) == len(ref.value):
         kept = set(cand.tolist())
         assert all(set(s) <= kept for s in opt_sels)
+
+
+@pytest.mark.parametrize("seed,factor", [(0, 2.0), (4, None)])
+def test_model_arrays_are_each_grids_own_figures(seed, factor):
+    """The round's arrays, read per distinct grid list (GridBlocks, shared by the ranking and the model),
+    hold each grid's own throughput, GPUs, node units and running flag, and each grid's job."""
+    snap = crowded(seed)
+    opts = ArenaOptions(candidate_factor=factor, max_gpus_per_job=8)
+    cat = GridCatalog.of(EST, opts.caution)
+    p, _ = round_problem(snap, cat, opts)
+    assert len(p.grids) and p.running.any()
+    assert p.throughput.tolist() == [g.throughput for g in p.grids]
+    assert p.units.tolist() == [g.node_units(g.pool[1]) for g in p.grids]
+    assert p.current.tolist() == [g.current for g in p.grids]
+    assert np.all(np.diff(p.job_of) >= 0)
+    for k, g in enumerate(p.grids):
+        assert g.job_id in ("", p.job_ids[p.job_of[k]])
+        assert (g.job_id == "") == (not p.running[p.job_of[k]])
+    ref = build_problem(snap, cat.all_grids(snap, max_gpus_default=8), opts)
+    run = np.flatnonzero(p.running)
+    assert [grid_key(g) for j in run for g in (p.grids[k] for k in p.grids_of(j))] == \
+        [grid_key(g) for j in run for g in (ref.grids[k] for k in ref.grids_of(j))]
+
+
+def test_grid_blocks_know_a_list_by_its_grids():
+    """A copy of a list (the same grid objects) reuses its block; other grids, or the same in another
+    order, get their own."""
+    snap = crowded(2)
+    gs = next(v for v in GridCatalog.of(EST).all_grids(snap, max_gpus_default=8).values() if len(v) > 1)
+    b = GridBlocks()
+    first = b.of(gs)
+    assert b.of(list(gs)) is first
+    rev = b.of(gs[::-1])
+    assert rev is not first and np.array_equal(rev, first[::-1])
+    assert b.of([]).shape == (0, 4)
+    assert first.tolist() == [[g.throughput, g.num_gpus, float(g.current), g.node_units(g.pool[1])] for g in gs]
+
+
+def test_grid_blocks_carry_over_only_what_the_last_round_read():
+    """`next()` reuses the arrays of the lists the last round read and drops the rest, so a list whose
+    grids are gone is not kept alive for ever."""
+    snap = crowded(3)
+    lists = [v for v in GridCatalog.of(EST).all_grids(snap, max_gpus_default=8).values() if v]
+    a, b = lists[0], next(v for v in lists if [id(g) for g in v] != [id(g) for g in lists[0]])
+    r1 = GridBlocks()
+    x, y = r1.of(a), r1.of(b)
+    r2 = r1.next()
+    assert r2.of(list(a)) is x  # read again: the same array
+    r3 = r2.next()
+    assert r3.of(a) is x and r3.of(b) is not y and np.array_equal(r3.of(b), y)  # b skipped a round: made anew

@@ -18,7 +18,8 @@ import numpy as np
 
 from arena_opt.grids import GridCatalog, WorkloadOptions
 from arena_opt.milp.options import ArenaOptions
-from arena_opt.milp.problem import ClusterProblem, JobStats, JobTerms, build_problem, grid_value, job_terms
+from arena_opt.milp.problem import (ClusterProblem, GridBlocks, JobStats, JobTerms, build_problem, grid_value,
+                                    job_terms)
 from arena_opt.snapshot import ClusterSnapshot
 
 
@@ -74,11 +75,14 @@ class _Workloads:
     terms: JobTerms
     own: dict[str, list]  # running job id -> its grids
     entry_of: dict[int, WorkloadOptions]  # waiting job index -> its workload
+    blocks: GridBlocks  # the running jobs' grid lists as arrays, read again by the round's model
 
 
-def workload_ranking(snapshot: ClusterSnapshot, catalog: GridCatalog, opts: ArenaOptions) -> _Workloads:
+def workload_ranking(snapshot: ClusterSnapshot, catalog: GridCatalog, opts: ArenaOptions,
+                     blocks: GridBlocks | None = None) -> _Workloads:
     """The ranking of `problem_ranking` (density of the jobs that do not always enter), read off the
-    running jobs' grids and the waiting jobs' workload arrays."""
+    running jobs' grids and the waiting jobs' workload arrays. `blocks`: the round's grid lists as arrays
+    (GridBlocks; new ones when None)."""
     mgd = opts.max_gpus_per_job
     jobs = snapshot.jobs
     n = len(jobs)
@@ -99,13 +103,14 @@ def workload_ranking(snapshot: ClusterSnapshot, catalog: GridCatalog, opts: Aren
     stats = JobStats(np.zeros(n), np.full(n, np.inf), np.zeros(n, dtype=bool))
     smallest = np.full(n, np.inf)
     run_idx = np.flatnonzero(running)
+    blocks = GridBlocks() if blocks is None else blocks
     if len(run_idx):
-        sub = JobStats.of([jobs[i] for i in run_idx], own)
+        sub = JobStats.of([jobs[i] for i in run_idx], own, blocks)
         stats.best[run_idx], stats.gpu_s[run_idx], stats.has_grids[run_idx] = sub.best, sub.gpu_s, sub.has_grids
         for i in run_idx:
             gs = own[jobs[i].id]
-            if gs:  # Grid.columns[3]: its node units, cached on the grid (the same objects round after round)
-                smallest[i] = float(min(g.columns[3] for g in gs))
+            if gs:  # column 3: node units (the block JobStats.of just read)
+                smallest[i] = float(blocks.of(gs)[:, 3].min())
     for (eid, _), idx in groups.items():
         s = entries[eid].summary()
         if not len(s.throughput):
@@ -131,21 +136,23 @@ def workload_ranking(snapshot: ClusterSnapshot, catalog: GridCatalog, opts: Aren
         density[idx] = (value / np.maximum(s.units, 1)[None, :]).max(axis=1)
     total = sum(n.num_gpus for n in snapshot.nodes)  # every pool's GPUs, without grouping the nodes again
     entry_of = {i: entries[eid] for (eid, _), idx in groups.items() for i in idx}
-    return _Workloads(Ranking(density, smallest, must, total), terms, own, entry_of)
+    return _Workloads(Ranking(density, smallest, must, total), terms, own, entry_of, blocks)
 
 
-def round_problem(snapshot: ClusterSnapshot, catalog: GridCatalog, opts: ArenaOptions
-                  ) -> tuple[ClusterProblem, np.ndarray | None]:
+def round_problem(snapshot: ClusterSnapshot, catalog: GridCatalog, opts: ArenaOptions,
+                  blocks: GridBlocks | None = None) -> tuple[ClusterProblem, np.ndarray | None]:
     """The round's problem and the jobs that enter its MILP (None: all). When some are left out, the
     problem has every job (job-level terms, reasons) but grids only for those that enter:
-    `shards.restrict(problem, jobs)` is the MILP's (equal to restricting the problem of all grids)."""
+    `shards.restrict(problem, jobs)` is the MILP's (equal to restricting the problem of all grids).
+    `blocks`: this round's GridBlocks (a policy passes the last round's `next()`)."""
     jobs = snapshot.jobs
     if opts.candidate_factor is None:
-        return build_problem(snapshot, catalog.all_grids(snapshot, max_gpus_default=opts.max_gpus_per_job), opts), None
-    w = workload_ranking(snapshot, catalog, opts)
+        return build_problem(snapshot, catalog.all_grids(snapshot, max_gpus_default=opts.max_gpus_per_job), opts,
+                             blocks=blocks), None
+    w = workload_ranking(snapshot, catalog, opts, blocks)
     cand = w.ranking.select(opts.candidate_factor) if w.terms.stats.has_grids.any() else None
     enter = range(len(jobs)) if cand is None else cand.tolist()
     # a waiting job's grids are its workload's shared ones (GridCatalog.grids of a job that does not run)
     grids = {jobs[i].id: w.own[jobs[i].id] if i not in w.entry_of else list(w.entry_of[i].shared(True))
              for i in enter}
-    return build_problem(snapshot, grids, opts, w.terms), cand
+    return build_problem(snapshot, grids, opts, w.terms, w.blocks), cand

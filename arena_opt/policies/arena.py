@@ -13,7 +13,7 @@ from arena_opt.milp.certify import WITHIN_GAP, LpBasis, relax
 from arena_opt.milp.greedy import greedy_start, greedy_variants
 from arena_opt.milp.local import improve
 from arena_opt.milp.options import ArenaOptions
-from arena_opt.milp.problem import ClusterProblem, build_problem
+from arena_opt.milp.problem import ClusterProblem, GridBlocks, build_problem
 from arena_opt.milp.shards import merge, restrict, split
 from arena_opt.milp.solve import SolveResult, no_gc, solve_problem
 from arena_opt.policies.base import GridPolicy
@@ -37,6 +37,8 @@ class ArenaPolicy(GridPolicy):
     _end: float | None = None  # the last round's time limit as a perf_counter() value
     # the last round's LP relaxation basis, the next relaxation's start (milp/certify.py LpBasis)
     _lp_basis: LpBasis | None = None
+    # the last round's grid lists as arrays (milp/problem.py GridBlocks): a running job's are the same
+    _blocks: GridBlocks | None = None
 
     def decide_usable(self, snapshot: ClusterSnapshot) -> Decision:
         # no cyclic GC inside the call: its full passes walk every grid, plan and decision object made so far
@@ -62,7 +64,8 @@ class ArenaPolicy(GridPolicy):
         if self.started is not None:
             clock.lap("read")
         # grids only for the jobs that enter the MILP (milp/candidates.py)
-        full, cand = round_problem(snapshot, GridCatalog.of(self.estimator, o.caution), o)
+        self._blocks = GridBlocks() if self._blocks is None else self._blocks.next()
+        full, cand = round_problem(snapshot, GridCatalog.of(self.estimator, o.caution), o, self._blocks)
         clock.lap("grids")
         t_grids = clock.phases["grids"]
         p, jobs, note = full, None, None
