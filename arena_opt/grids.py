@@ -49,7 +49,9 @@ class Grid:
     pareto: tuple[PlanResult, ...] = field(default=(), compare=False)
     current: bool = False  # the job's running allocation: choosing it keeps the job where it is
 
-    @property
+    # cached: the baselines read these of every option of every job every round (sia: millions of reads
+    # over Arena's Philly trace), and a grid's shape and result never change
+    @cached_property
     def num_gpus(self) -> int:
         return self.shape.num_gpus
 
@@ -57,7 +59,7 @@ class Grid:
     def multi_node(self) -> bool:
         return self.shape.nodes > 1
 
-    @property
+    @cached_property
     def throughput(self) -> float:
         return self.result.throughput
 

@@ -37,19 +37,35 @@ class SiaPolicy(PackedPolicy):
         self.p, self.clip, self.max_migrations, self.candidates = o.p, o.clip, o.max_migrations, o.candidates
         self.time_limit_s, self.mip_gap = o.time_limit_s, o.mip_gap
         self._restarts: dict[str, int] = defaultdict(int)  # configuration changes this policy ordered
+        self._offers: dict[str, tuple] = {}  # job id -> (its options, its running grid, what offers gave)
 
     def plan(self, snapshot):
         pack, current, held = self.start_state(snapshot)
         start = pack.mark()
+        if len(self._offers) > 2 * len(snapshot.jobs):  # finished jobs' offers
+            ids = {j.id for j in snapshot.jobs}
+            self._offers = {j: v for j, v in self._offers.items() if j in ids}
 
         def offers(job, cur):
-            opts = list(self.grid_options(job).values())
+            grids = self.grid_options(job)
+            # the same options object and running grid give the same offer: kept while both are (a running
+            # job's, round after round)
+            hit = self._offers.get(job.id)
+            if hit is not None and hit[0] is grids and hit[1] is cur:
+                return hit[2]
+            opts = list(grids.values())
             if cur is not None:
-                return [cur] + [g for g in opts if (g.shape.gpu_type, g.num_gpus) != (cur.shape.gpu_type, cur.num_gpus)], [], ()
-            smallest = sorted(opts, key=lambda g: (g.num_gpus, -g.throughput))
-            tries = [g for g in smallest if g.num_gpus == smallest[0].num_gpus]
-            return opts, tries, (self.no_grid(job) if not opts else "",
-                                 f"its smallest configuration ({smallest[0].num_gpus if opts else 0} GPUs) is not free")
+                # utility grows with throughput and r <= 1: only faster configurations can improve on it
+                out = ([cur] + [g for g in opts if (g.shape.gpu_type, g.num_gpus) != (cur.shape.gpu_type, cur.num_gpus)
+                                and g.throughput > cur.throughput], [], ())
+            elif not opts:
+                return opts, [], (self.no_grid(job), "its smallest configuration (0 GPUs) is not free")
+            else:
+                smallest = sorted(opts, key=lambda g: (g.num_gpus, -g.throughput))
+                tries = [g for g in smallest if g.num_gpus == smallest[0].num_gpus]
+                out = (opts, tries, ("", f"its smallest configuration ({smallest[0].num_gpus} GPUs) is not free"))
+            self._offers[job.id] = (grids, cur, out)
+            return out
 
         admitted, tentative, reasons = admit_fifo(snapshot, pack, current, offers)
         chosen, stats = self._solve(snapshot, admitted, current, tentative)
@@ -71,11 +87,9 @@ class SiaPolicy(PackedPolicy):
 
     def _solve(self, snapshot, admitted, current, tentative):
         jobs = {j.id: j for j in snapshot.jobs}
-        base = {j: min(g.throughput for g in self.grid_options(jobs[j]).values()) for j in admitted}
-        for j in current:
-            if j in admitted:  # utility grows with throughput and r <= 1: only faster ones can improve
-                cur = admitted[j][0]
-                admitted[j] = [cur] + [g for g in admitted[j][1:] if g.throughput > cur.throughput]
+        # a running job's admitted options are its current one and the faster ones (offers)
+        base = {j: self.catalog.derived(jobs[j], snapshot, "sia-slowest",
+                                        lambda opts: min(g.throughput for g in opts.values())) for j in admitted}
         util = {j: [self._utility(jobs[j], g, base[j], snapshot.time) for g in admitted[j]] for j in admitted}
         # At most max_migrations running jobs change per round: only the running jobs with the largest
         # possible gain (and only their improving configurations) are decided; the rest are constants.
