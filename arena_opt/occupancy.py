@@ -251,6 +251,9 @@ class Occupancy:
             whole = p.bucket[p.g]
             if len(whole) < nodes:
                 return None
+            home = _smallest_rack(p, nodes)
+            if home is not None:  # one rack holds them all: no order of the racks needed
+                return {n: self.gpus_free(n)[:per_node] for n in _first_k(p.whole[home], p.ids, nodes, set(prev))}
             # racks in the order of their least recently changed whole node (what iterating the whole
             # nodes in tie order would give)
             by_rack = {r: p.whole[r] for r in sorted(p.whole, key=p.first_stamp)}
@@ -370,6 +373,23 @@ def _lowest(items, cost: Callable):
     return best
 
 
+def _smallest_rack(p: _Pool, k: int) -> str | None:
+    """The rack `_fewest_racks` takes when one holds k whole free nodes: the fewest such nodes, ties to
+    the least first stamp (its place in tie order), found in one pass instead of sorting every rack by
+    stamp (10,000 jobs on 13,440 nodes: most of placement's time); None when no rack holds k."""
+    best, best_n = None, None
+    for r, nodes in p.whole.items():
+        n = len(nodes)
+        if n >= k and (best is None or n < best_n or (n == best_n and p.first_stamp(r) < p.first_stamp(best))):
+            best, best_n = r, n
+    return best
+
+
+def _first_k(nodes: set[int], ids: tuple[str, ...], n: int, prev: set[str]) -> list[str]:
+    """n of a rack's free whole nodes: the job's previous nodes first, then by id."""
+    return heapq.nsmallest(n, (ids[i] for i in nodes), key=lambda x: (x not in prev, x))
+
+
 def _fewest_racks(by_rack: dict[str, set[int]], ids: tuple[str, ...], k: int, prev: set[str],
                   rack_cost: Callable[[str], float] | None = None) -> list[str]:
     """k whole nodes (`by_rack`: the positions in `ids` of each rack's free whole nodes, racks in tie order)
@@ -378,7 +398,7 @@ def _fewest_racks(by_rack: dict[str, set[int]], ids: tuple[str, ...], k: int, pr
     interchangeable for packing: with `rack_cost` (a spanning job crosses each taken rack's uplink) the
     cheapest go first."""
     def first_k(nodes: set[int], n: int) -> list[str]:
-        return heapq.nsmallest(n, (ids[i] for i in nodes), key=lambda x: (x not in prev, x))
+        return _first_k(nodes, ids, n, prev)
 
     # racks that can host the whole job first (smallest sufficient), then the fullest racks
     single = [r for r in by_rack.values() if len(r) >= k]
