@@ -442,10 +442,14 @@ def price(plans: GridPlans, band: BandModel, family: str, num_gpus: int, caution
     """Every plan with its error band and its time set to the band's `caution` quantile: the one place
     grid times become conservative. The proxy is the fastest plan at that price (the band can move it
     off a plan whose micro-batch count was never measured)."""
-    priced = []
-    for r in plans.pareto:
-        b = band.band(r.iter_time_s, family, num_gpus, r.plan.num_microbatches, caution)
-        priced.append(PlanResult(r.plan, b.decided_s, r.mem_gib, r.batch_size, b))
+    by_m: dict[int, list[int]] = {}  # the band's factors are one lookup per micro-batch count
+    for i, r in enumerate(plans.pareto):
+        by_m.setdefault(r.plan.num_microbatches, []).append(i)
+    priced: list = [None] * len(plans.pareto)  # in the Pareto set's order (the sort below is stable)
+    for m, at in by_m.items():
+        for i, b in zip(at, band.bands([plans.pareto[i].iter_time_s for i in at], family, num_gpus, m, caution)):
+            r = plans.pareto[i]
+            priced[i] = PlanResult(r.plan, b.decided_s, r.mem_gib, r.batch_size, b)
     priced.sort(key=lambda r: (r.iter_time_s, r.mem_gib))
     pareto, best_mem = [], float("inf")
     for r in priced:

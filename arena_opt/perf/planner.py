@@ -338,13 +338,13 @@ class Planner:
         (splits, the candidates they are of, their costs) triples."""
         g, tp, dp, m = cols
         grp = group_of[g[rows]]
-        by_split: dict[tuple, list[tuple[LayerCosts, np.ndarray]]] = {}
+        by_layers: dict[int, list[tuple[LayerCosts, np.ndarray]]] = {}
         for k in np.unique(grp).tolist():
             cs = rows[grp == k]
             arch, gpu_name, gpu, intra_link = groups[k]
             table = cost_table(arch, self.params)
             links = links_for(gpu, intra_link, self.params)
-            batch, nodes, gpn, pp = (shape[f][g[cs]] for f in ("batch", "nodes", "gpn", "pp"))
+            batch, nodes, gpn = (shape[f][g[cs]] for f in ("batch", "nodes", "gpn"))
             lc = layer_costs(table, gpu, gpu_name, links, nodes=nodes[:, None], gpus_per_node=gpn[:, None],
                              batch=batch, dp=dp[cs], tp=tp[cs], m=m[cs], recompute=np.full(len(cs), rc),
                              params=self.params)
@@ -354,16 +354,18 @@ class Planner:
                                               tp=int(tp[c]), m=int(m[c]), recompute=rc) for i, c in enumerate(cs)]
                 if any(r is not None for r in measured):
                     lc = stack([r if r is not None else take(lc, i) for i, r in enumerate(measured)])
-            for p in np.unique(pp).tolist():
-                at = np.flatnonzero(pp == p)
-                # models of one layer count share a stack: each candidate's split is its own, and numpy's
-                # cost per call, not the arithmetic, is most of split_many's time
-                by_split.setdefault((lc.num_layers, p), []).append((take(lc, at), cs[at]))
+            # models of one layer count share a stack: each candidate's split is its own, and numpy's cost
+            # per call, not the arithmetic, is most of split_many's time
+            by_layers.setdefault(lc.num_layers, []).append((lc, cs))
         out = []
-        for (_, p), parts in by_split.items():
+        for parts in by_layers.values():
             cs = np.concatenate([c for _, c in parts])
             lc = stack([lc for lc, _ in parts])
-            out.append((split_many(lc, p, m[cs], caps[g[cs]]), cs, lc))
+            pp = shape["pp"][g[cs]]
+            for p in np.unique(pp).tolist():
+                at = np.flatnonzero(pp == p)
+                part = take(lc, at)
+                out.append((split_many(part, p, m[cs[at]], caps[g[cs[at]]]), cs[at], part))
         return out
 
 
