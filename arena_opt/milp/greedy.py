@@ -185,13 +185,15 @@ def unit_prices(p: ClusterProblem, rounds: int = 40) -> np.ndarray:
     sizes = np.diff(np.r_[starts, len(order)])
     lo, hi = np.zeros(len(keys)), np.full(len(keys), float(np.max(gain / np.maximum(units, 1))))
     lam = (lo + hi) / 2
+    # the grids in job order once, not per round (the same values element by element)
+    gain_o, units_o, pool_o = gain[order], units[order], pool[order]
     for _ in range(rounds):
-        score = (gain - lam[pool] * units)[order]
+        score = gain_o - lam[pool_o] * units_o
         best = np.repeat(np.maximum.reduceat(score, starts), sizes)
         pick = np.flatnonzero((score == best) & (best > 0))
-        pick = pick[np.unique(job[pick], return_index=True)[1]]  # one grid per job (its first best)
-        ks = order[pick]
-        over = np.bincount(pool[ks], weights=units[ks], minlength=len(keys)) > cap
+        jp = job[pick]  # ascending: one grid per job, its first best, where the job changes (no sort)
+        pick = pick[np.r_[True, jp[1:] != jp[:-1]]] if len(pick) else pick
+        over = np.bincount(pool_o[pick], weights=units_o[pick], minlength=len(keys)) > cap
         lo, hi = np.where(over, lam, lo), np.where(over, hi, lam)
         lam = (lo + hi) / 2
     return lam[pool]
