@@ -4,6 +4,8 @@ leave-one-GPU-type-out.
     python bench/estimator.py [--table PATH] [--out bench/results] [--jobs N]
     python bench/estimator.py --loto-only [--types a100-40gb,a40] [--by-shape] [--jobs N]   (iteration loop: prints
         the leave-one-type-out summary of those folds, writes nothing)
+    python bench/estimator.py --loto-only --base moe_expert_parallel=false   (a variant of the model: CostParams
+        fields of the fit's starting point, JSON values)
 
 For each GPU type T: fit the cost model (`arena_opt.perf.calibrate.fit`) on the other three types,
 then predict T's rows. T's compute efficiency is the fit's shared efficiency (a fraction of T's
@@ -21,6 +23,7 @@ prices with by default (`analytical.calibrated_params`).
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -34,6 +37,8 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:
     sys.path.append(sys.path.pop(0))
 sys.path.insert(0, str(_HERE.parent))
 
+from pydantic import ValidationError  # noqa: E402
+
 from _perf_common import (arena_estimates, command, err_stats, fmt_pct, git_rev, machine, md_table, table_parser,
                           table_path, write)
 
@@ -45,6 +50,23 @@ from arena_opt.io import atomic_write  # noqa: E402
 
 # Arena's runs use Alpa's GShard MoE (dense einsum dispatch, expert group 2048: Arena's configs.py)
 ARENA_BASE = CostParams(moe_einsum_group=2048)
+
+
+def with_fields(params: CostParams, assignments: list[str]) -> CostParams:
+    """params with FIELD=JSON assignments applied, validated as CostParams (ValueError naming the bad one)."""
+    upd = {}
+    for a in assignments:
+        name, sep, value = a.partition("=")
+        if not sep or name not in CostParams.model_fields:
+            raise ValueError(f"{a!r}: expected FIELD=JSON with FIELD one of CostParams' fields")
+        try:
+            upd[name] = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{a!r}: the value is not JSON ({e.msg})") from None
+    try:
+        return CostParams.model_validate({**params.model_dump(), **upd})
+    except ValidationError as e:
+        raise ValueError(f"{', '.join(assignments)}: {e.errors()[0]['msg']}") from None
 
 
 def log(msg: str) -> None:
@@ -107,8 +129,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --loto-only: also one line per held-out type and placement (nodes x GPUs per node)")
     ap.add_argument("--params-out", type=Path, default=CALIBRATED_PATH,
                     help="where the in-sample parameters go as the package's default (also written to --out)")
+    ap.add_argument("--params-only", action="store_true",
+                    help="only the in-sample fit: write calibrated_params.json (--out and --params-out), no result")
+    ap.add_argument("--base", action="append", default=[], metavar="FIELD=JSON",
+                    help="set a CostParams field of the fit's starting point (ARENA_BASE), e.g. "
+                         "moe_expert_parallel=false: measure a variant of the model from the repository")
     t_start = time.perf_counter()
     args = ap.parse_args(argv)
+    try:
+        base = with_fields(ARENA_BASE, args.base)
+    except ValueError as e:
+        print(f"--base: {e}", file=sys.stderr)
+        return 2
     loaded = measured_observations(args.table)
     if loaded is None:
         return 2
@@ -122,16 +154,21 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"--types: no measured rows of {', '.join(unknown)} (have {', '.join(types)})", file=sys.stderr)
             return 2
-        print(loto_summary(obs, cal.leave_one_type_out(obs, ARENA_BASE, held=held, jobs=args.jobs),
+        print(loto_summary(obs, cal.leave_one_type_out(obs, base, held=held, jobs=args.jobs),
                            by_shape=args.by_shape))
         return 0
 
+    if args.params_only:
+        log("in-sample fit on all types")
+        write_params(cal.fit(obs, base).params, args.out, args.params_out)
+        return 0
+
     # uncalibrated defaults (what the estimator uses without a calibration)
-    default_pred = [t for t, _ in cal.predict(obs, ARENA_BASE, cal.ARENA_SPACE)]
+    default_pred = [t for t, _ in cal.predict(obs, base, cal.ARENA_SPACE)]
     uncal = grouped(obs, rel_errors(obs, default_pred))
 
     log("in-sample fit on all types")
-    full = cal.fit(obs, ARENA_BASE)
+    full = cal.fit(obs, base)
     insample_pred = [t for t, _ in cal.predict(obs, full.params, cal.ARENA_SPACE)]
     insample = grouped(obs, rel_errors(obs, insample_pred))
     insample_planner = grouped(obs, rel_errors(obs, planner_predictions(obs, full.params)))
@@ -142,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     fold_params = {}
     t0 = time.perf_counter()
-    folds = cal.leave_one_type_out(obs, ARENA_BASE, jobs=args.jobs)  # each fit sees the other types' rows only
+    folds = cal.leave_one_type_out(obs, base, jobs=args.jobs)  # each fit sees the other types' rows only
     log(f"{len(folds)} leave-one-type-out fits, {time.perf_counter() - t0:.0f} s")
     by_key = {}
     for space_name, space in (("reference", cal.ARENA_SPACE), ("planner", cal.PLANNER_SPACE)):
@@ -174,11 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             knobs[f"pp={pl['pp']}"].append(r)
     loo_planner["plan_knobs"] = {k: err_stats(v) for k, v in sorted(knobs.items())}
     arena_ref = arena_reference(Path(path), obs)
-    args.out.mkdir(parents=True, exist_ok=True)
-    params_json = full.params.model_dump_json(indent=1) + "\n"
-    atomic_write(args.out / "calibrated_params.json", params_json)
-    args.params_out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(args.params_out, params_json)
+    write_params(full.params, args.out, args.params_out)
 
     payload = {"command": command(), "git": git_rev(), "machine": machine(), "table": str(path),
                "seconds": time.perf_counter() - t_start, "rows": len(obs),
@@ -191,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     log(f"wrote {jp} and {mp}")
     return 0
+
+
+def write_params(params: CostParams, out: Path, params_out: Path) -> None:
+    """The in-sample parameters into the results folder and the package's default (the same text)."""
+    text = params.model_dump_json(indent=1) + "\n"
+    for path in (out / "calibrated_params.json", params_out):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text)
 
 
 def loto_summary(obs: list[cal.Observation], folds: dict[str, cal.FitResult], by_shape: bool = False) -> str:

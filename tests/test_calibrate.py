@@ -150,3 +150,86 @@ def test_folds_in_processes_equal_folds_in_sequence():
     two = cal.leave_one_type_out(measured, CostParams(), spec, held=["a10", "a40"], jobs=2)
     assert sorted(one) == ["a10", "a40"]
     assert {k: v.params for k, v in one.items()} == {k: v.params for k, v in two.items()}
+
+
+def _moe_terms(expert_parallel: bool, *, nodes: int, gpn: int, dp: int, tp: int = 1, model: str = "moe-1.3B"):
+    p = CostParams(moe_einsum_group=2048, moe_expert_parallel=expert_parallel)
+    arch, gpu = get_arch(model), BUILTIN_GPUS["a100-40gb"]
+    table = cost_table(arch, p)
+    return table, layer_terms(table, gpu, links_for(gpu, None, p), nodes=nodes, gpus_per_node=gpn, batch=64, dp=dp,
+                              tp=tp, m=2, recompute=False)
+
+
+def test_expert_parallelism_shards_experts_and_prices_their_all_to_all():
+    (plain_t, plain), (ep_t, ep) = _moe_terms(False, nodes=1, gpn=4, dp=4), _moe_terms(True, nodes=1, gpn=4, dp=4)
+    moe = np.array([k == "moe_block" for k in ep_t.kinds])
+    experts = ep_t.expert_params
+    assert moe.any() and (experts[moe] > 0).all() and (experts[~moe] == 0).all()
+    # a rank keeps a quarter of the experts' weights (and of their optimizer state), the rest as before
+    assert np.allclose(plain.static_bytes - ep.static_bytes, experts * 0.75 * 16)
+    assert np.allclose(plain.optim[1] - ep.optim[1], experts * 0.75 * 16 * 2 / (1555e9))
+    # only the weights replicated over dp are all-reduced: the experts' gradients stay on their rank
+    grads = lambda t: t.allreduce[3]  # noqa: E731 - intra-node bytes / bandwidth, per layer
+    assert np.allclose(grads(ep)[~moe], grads(plain)[~moe]) and (grads(ep)[moe] < 0.2 * grads(plain)[moe]).all()
+    # the all-to-all is paid per micro-batch on the intra-node link, only by MoE layers
+    extra = ep.step[3] - plain.step[3]
+    assert (extra[moe] > 0).all() and np.allclose(extra[~moe], 0.0)
+    assert np.allclose(ep.step[4], plain.step[4])
+    # across nodes (dp x tp larger than a node) it moves to the network rate
+    _, plain2 = _moe_terms(False, nodes=2, gpn=4, dp=8)
+    _, ep2 = _moe_terms(True, nodes=2, gpn=4, dp=8)
+    assert (ep2.step[4] - plain2.step[4])[moe].min() > 0 and np.allclose(ep2.step[3], plain2.step[3])
+
+
+def test_expert_parallelism_changes_nothing_without_dp_or_experts():
+    for kw in (dict(nodes=1, gpn=4, dp=1, tp=4), dict(nodes=1, gpn=2, dp=2, model="bert-760M")):
+        (_, plain), (_, ep) = _moe_terms(False, **kw), _moe_terms(True, **kw)
+        for f in ("step", "p2p", "allreduce", "optim", "static_bytes", "act_bytes", "peak_bytes", "microbatch"):
+            assert np.allclose(getattr(plain, f), getattr(ep, f)), (kw, f)
+
+
+def test_sharded_optimizer_state_keeps_a_dp_share_of_the_replicated_weights_state():
+    arch, gpu = get_arch("bert-760M"), BUILTIN_GPUS["a40"]
+    kw = dict(nodes=1, gpus_per_node=4, batch=64, m=2, recompute=False, tp=1)
+
+    def terms(sharded, dp):
+        p = CostParams(optimizer_sharded=sharded)
+        return layer_terms(cost_table(arch, p), gpu, links_for(gpu, None, p), dp=dp, **kw)
+
+    full, sharded = terms(False, 4), terms(True, 4)
+    params = cost_table(arch, CostParams()).params
+    # 12 of a parameter's 16 bytes (master weights, Adam moments) split four ways; time terms unchanged
+    assert np.allclose(full.static_bytes - sharded.static_bytes, params * 12 * 0.75)
+    assert (sharded.optim[1] < full.optim[1]).all() and np.allclose(sharded.step, full.step)
+    assert np.allclose(terms(True, 1).static_bytes, terms(False, 1).static_bytes)
+
+
+def test_pipeline_boundaries_on_the_network_once_the_job_spans_nodes():
+    arch, gpu = get_arch("bert-760M"), BUILTIN_GPUS["a40"]
+
+    def p2p(crosses, nodes):
+        p = CostParams(pipeline_crosses_nodes=crosses)
+        return layer_terms(cost_table(arch, p), gpu, links_for(gpu, None, p), nodes=nodes, gpus_per_node=2, batch=64,
+                           dp=1, tp=1, m=2, recompute=False).p2p
+
+    group, crossing = p2p(False, 2), p2p(True, 2)  # one-GPU stages: no stage group fills a node
+    assert (group[4] == 0).all() and (group[3] > 0).any()
+    assert (crossing[3] == 0).all() and np.allclose(crossing[4] > 0, group[3] > 0)
+    assert np.array_equal(p2p(True, 1), p2p(False, 1))  # one node: nothing crosses
+
+
+def test_bench_base_variants_set_cost_params_fields_or_exit_2(monkeypatch, capsys):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.setattr(sys, "path", [*sys.path, str(bench)])  # after the runners package
+    spec = importlib.util.spec_from_file_location("bench_estimator", bench / "estimator.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    p = mod.with_fields(mod.ARENA_BASE, ["moe_expert_parallel=true", "mem_eff=0.5"])
+    assert p.moe_expert_parallel and p.mem_eff == 0.5 and p.moe_einsum_group == mod.ARENA_BASE.moe_einsum_group
+    for bad in ("nope=1", "moe_expert_parallel=maybe", "mem_eff=-1"):
+        assert mod.main(["--loto-only", "--base", bad]) == 2
+        assert bad.split("=")[0] in capsys.readouterr().err

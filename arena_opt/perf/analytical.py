@@ -34,6 +34,7 @@ GIB = 1024 ** 3
 # fp16 weights + fp16 grads + fp32 master weights, Adam m and v (Rajbhandari et al., ZeRO);
 # fp32 training holds 4 + 4 + 8, the same 16 bytes
 BYTES_PER_PARAM_TRAIN = 2 + 2 + 12
+OPTIMIZER_BYTES_PER_PARAM = 12  # of which the fp32 master weights and Adam moments
 # element-wise traffic of a forward pass per stored activation byte: written once, read once
 EW_TRAFFIC_PER_ACT_BYTE = 2.0
 # dense fp16 TFLOP/s of the GPU on which `microbatch_overhead_s` is the slot's cost
@@ -80,6 +81,21 @@ class CostParams(BaseModel):
     moe_einsum_group: PositiveInt | None = Field(
         None, description="GShard-style dense einsum dispatch with this expert group size (Alpa/Arena: "
                           "2048) costs 8*group*hidden FLOPs per token; None = index dispatch (no FLOPs)")
+    pipeline_crosses_nodes: bool = Field(False, description=(
+        "price every stage boundary on the network once the job spans nodes: stages are laid out node by "
+        "node, so some boundary crosses a node whenever pp > 1 and nodes > 1, and the pipeline runs at the "
+        "pace of its slowest stage; off: a boundary crosses only where one stage's dp x tp group fills a "
+        "node"))
+    optimizer_sharded: bool = Field(False, description=(
+        "optimizer state (fp32 master weights, Adam moments: 12 of the 16 bytes a parameter costs) of the "
+        "weights replicated over dp sharded over the dp ranks (ZeRO stage 1; the gradient all-reduce becomes a "
+        "reduce-scatter plus an all-gather of the same bytes): each rank holds and updates 1/dp of it"))
+    moe_expert_parallel: bool = Field(False, description=(
+        "experts of every MoE layer sharded over the stage's data-parallel ranks (GShard expert "
+        "parallelism, what Alpa's sharding pass finds for Arena's MoE runs): a rank holds and updates "
+        "num_experts/dp experts, their gradients are not all-reduced over dp, and each MoE layer pays two "
+        "all-to-alls of its routed tokens per pass on the dp group's link; off: experts replicated like "
+        "any weight (this project's torch runners)"))
 
     def eff(self, gpu: str, dtype: str = "fp16") -> float:
         e = self.compute_eff.get(gpu, self.default_compute_eff)
@@ -120,6 +136,7 @@ class Links:
     alpha_intra: float
     alpha_inter: float
     intra_kind: str = "nvlink"
+    pipeline_crosses_nodes: bool = False  # CostParams.pipeline_crosses_nodes
 
 
 def intra_link_kind(gpu: GpuSpec, intra_link: str | None) -> str:
@@ -131,7 +148,7 @@ def links_for(gpu: GpuSpec, intra_link: str | None, params: CostParams) -> Links
     intra = (gpu.nvlink_bw_gbs if kind == "nvlink" else gpu.pcie_bw_gbs) * 1e9
     # inter-node traffic also crosses PCIe to reach the NIC
     inter = min(gpu.inter_node_bw_gbs, gpu.pcie_bw_gbs) * 1e9
-    return Links(intra, inter, params.alpha_intra_s, params.alpha_inter_s, kind)
+    return Links(intra, inter, params.alpha_intra_s, params.alpha_inter_s, kind, params.pipeline_crosses_nodes)
 
 
 def allreduce_s(nbytes: np.ndarray | float, n: int, bw: float, alpha: float) -> np.ndarray | float:
@@ -148,6 +165,11 @@ class CostTable(LayerTable):
     dtype: Dtype = "fp16"
     family: str = ""
     extra_flops: np.ndarray | None = None  # forward FLOPs per sample the layer table does not count
+    # under expert parallelism: expert FFN parameters per layer (sharded over dp) and bytes per sample
+    # of one all-to-all of the routed tokens (top-k copies of each token's hidden state)
+    expert_params: np.ndarray | None = None
+    a2a_bytes: np.ndarray | None = None
+    optimizer_sharded: bool = False  # CostParams.optimizer_sharded
 
     @property
     def bytes_scale(self) -> float:
@@ -155,21 +177,33 @@ class CostTable(LayerTable):
 
 
 @lru_cache(maxsize=None)
-def _cost_table(arch: Arch, dtype: Dtype, moe_group: int | None) -> CostTable:
+def _cost_table(arch: Arch, dtype: Dtype, moe_group: int | None, expert_parallel: bool = False,
+                optimizer_sharded: bool = False) -> CostTable:
     t = layer_table(arch)
     extra = np.zeros(t.num_layers)
+    is_moe = np.array([k == "moe_block" for k in t.kinds])
     if moe_group is not None and arch.family != "wide_resnet":
         # dispatch einsum GSEC,GSM->EGCM and combine GSEC,GECM->GSM with capacity C = 2S/E:
         # 4*S*h FLOPs per token each (Alpa's compute_moe_tflops counts the same)
-        is_moe = np.array([k == "moe_block" for k in t.kinds])
         extra = np.where(is_moe, 8.0 * moe_group * arch.hidden * arch.seq_len, 0.0)
     extra.setflags(write=False)
+    experts = a2a = None
+    if expert_parallel and is_moe.any():
+        mlp = (3 if arch.gated_mlp else 2) * arch.hidden * arch.ffn_size
+        experts = np.where(is_moe, float(mlp * arch.num_experts), 0.0)
+        # capacity 2S/E per expert of top-2 routing: the dispatched tensor holds k token copies
+        a2a = np.where(is_moe, float(min(arch.moe_top_k, arch.num_experts) * arch.seq_len * arch.hidden
+                                     * BYTES_FP16), 0.0)
+        experts.setflags(write=False)
+        a2a.setflags(write=False)
     fields = {f: getattr(t, f) for f in t.__dataclass_fields__}
-    return CostTable(**fields, dtype=dtype, family=arch.family, extra_flops=extra)
+    return CostTable(**fields, dtype=dtype, family=arch.family, extra_flops=extra, expert_params=experts,
+                     a2a_bytes=a2a, optimizer_sharded=optimizer_sharded)
 
 
 def cost_table(arch: Arch, params: CostParams) -> CostTable:
-    return _cost_table(arch, params.dtype(arch.family), params.moe_einsum_group)
+    return _cost_table(arch, params.dtype(arch.family), params.moe_einsum_group, params.moe_expert_parallel,
+                       params.optimizer_sharded)
 
 
 def peak_flops(gpu: GpuSpec, dtype: str) -> float:
@@ -218,13 +252,17 @@ class MicroBatch:
     shard_params: np.ndarray
     full_act: np.ndarray
     in_act: np.ndarray
+    dp_params: np.ndarray  # of shard_params, those replicated over dp (their gradients are all-reduced)
+    a2a_bytes: np.ndarray  # bytes one rank sends in one expert all-to-all (0 without expert parallelism)
 
 
-def micro_batch(table: LayerTable, b, tp) -> MicroBatch:
-    """Quantities for a micro-batch of b samples on one rank of a tp group (b, tp: numbers, or arrays of
-    one value per candidate: the results get a leading candidate axis)."""
+def micro_batch(table: LayerTable, b, tp, ep=1) -> MicroBatch:
+    """Quantities for a micro-batch of b samples on one rank of a tp group whose experts are sharded ep
+    ways (b, tp, ep: numbers, or arrays of one value per candidate: the results get a leading candidate
+    axis)."""
     b = np.asarray(b, dtype=float)[..., None]
     tp = np.asarray(tp)[..., None]
+    ep = np.asarray(ep)[..., None]
     scale = getattr(table, "bytes_scale", 1.0)
     extra = getattr(table, "extra_flops", None)
     shard_frac = np.where(table.params > 0, table.tp_params / np.maximum(table.params, 1), 1.0)
@@ -232,11 +270,20 @@ def micro_batch(table: LayerTable, b, tp) -> MicroBatch:
     if extra is not None:
         flops = flops + extra * b / tp
     shard_params = table.tp_params / tp + (table.params - table.tp_params)
+    experts = getattr(table, "expert_params", None)
+    a2a = getattr(table, "a2a_bytes", None)
+    dp_params = shard_params
+    if experts is not None:
+        # experts are tp-sharded weights; ep ranks each keep 1/ep of them (and of their gradients)
+        expert_shard = experts / tp / ep
+        shard_params = shard_params - experts / tp + expert_shard
+        dp_params = np.where(ep > 1, shard_params - expert_shard, shard_params)
+    a2a_bytes = (a2a * b / tp * scale * (ep > 1)) if a2a is not None else np.zeros_like(shard_params * b)
     full_act = (table.act_shard / tp + table.act_rep) * b * scale
     ew = shard_params * BYTES_FP16 * scale + EW_TRAFFIC_PER_ACT_BYTE * full_act
     out_bytes = np.concatenate([table.act_in[1:], table.act_in[-1:]]) * b / tp * scale
     return MicroBatch(b, flops, ew, table.tp_comm * b * scale, out_bytes, shard_params, full_act,
-                      table.act_in * b * scale)
+                      table.act_in * b * scale, dp_params, a2a_bytes)
 
 
 def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gpus_per_node: int, batch: int,
@@ -247,7 +294,7 @@ def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gp
     (a stack of candidates: candidates x rates x layers), so the planner prices all of a grid's
     candidates in one pass; every rule below is written elementwise for that reason."""
     dp, tp, m = np.asarray(dp), np.asarray(tp), np.asarray(m)
-    q = micro_batch(table, batch / (dp * m), tp)
+    q = micro_batch(table, batch / (dp * m), tp, dp)  # experts (if sharded at all) over the dp ranks
     n = table.num_layers
     V = len(RATE_NAMES)
     lead = np.broadcast_shapes(dp.shape, tp.shape, m.shape, np.shape(recompute))
@@ -269,8 +316,18 @@ def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gp
     step[..., 3, :] += 2 * f * q.tp_bytes / links.intra_bw
     step[..., 5, :] += 2 * a * links.alpha_intra * (q.tp_bytes > 0)
 
+    # the dp group spans nodes once a stage's dp x tp group is larger than a node
+    crosses = (nodes > 1) & (dp * tp > gpus_per_node)
+    # expert parallelism: dispatch and combine all-to-all in every pass (forward, backward, recomputed
+    # forward), (dp - 1) / dp of the routed tokens leave the rank, on the dp group's slowest link
+    a2a = np.where(rc, 6.0, 4.0) * (dp - 1) / dp * q.a2a_bytes
+    step[..., 4, :] += np.where(crosses, a2a / links.inter_bw, 0.0)
+    step[..., 3, :] += np.where(crosses, 0.0, a2a / links.intra_bw)
+    step[..., 5, :] += (np.where(rc, 6.0, 4.0) * (dp - 1) * np.where(crosses, links.alpha_inter, links.alpha_intra)
+                        * (q.a2a_bytes > 0))
+
     # stage boundaries cross nodes once a stage's dp x tp group fills a node
-    p2p_inter = (nodes > 1) & (dp * tp >= gpus_per_node)
+    p2p_inter = (nodes > 1) & ((dp * tp >= gpus_per_node) | links.pipeline_crosses_nodes)
     p2p = np.zeros(lead + (V, n))
     sent = 2 * q.out_bytes / np.where(p2p_inter, links.inter_bw, links.intra_bw)
     p2p[..., 4, :] = np.where(p2p_inter, sent, 0.0)
@@ -279,17 +336,21 @@ def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gp
 
     # dp gradient all-reduce (nothing at dp = 1)
     ar = np.zeros(lead + (V, n))
-    grad_bytes = q.shard_params * BYTES_FP16 * getattr(table, "bytes_scale", 1.0)
-    crosses = (nodes > 1) & (dp * tp > gpus_per_node)
+    grad_bytes = q.dp_params * BYTES_FP16 * getattr(table, "bytes_scale", 1.0)
     reduced = 2 * (dp - 1) / dp * grad_bytes / np.where(crosses, links.inter_bw, links.intra_bw)
     ar[..., 4, :] = np.where(crosses, reduced, 0.0)
     ar[..., 3, :] = np.where(crosses, 0.0, reduced)
     ar[..., 5, :] = 2 * (dp - 1) * np.where(crosses, links.alpha_inter, links.alpha_intra) * (grad_bytes > 0)
 
+    # the optimizer state a rank holds (and reads and writes once a step): all of its weights' state, or
+    # 1/dp of what dp replicates when it is sharded over dp
+    state = q.shard_params * BYTES_PER_PARAM_TRAIN
+    if getattr(table, "optimizer_sharded", False):
+        state = state - q.dp_params * (1 - 1 / dp) * OPTIMIZER_BYTES_PER_PARAM
     optim = np.zeros(lead + (V, n))
-    optim[..., 1, :] = q.shard_params * BYTES_PER_PARAM_TRAIN * 2 / mbw  # read + write of all optimizer state
+    optim[..., 1, :] = state * 2 / mbw  # read + write of the optimizer state and weights the rank updates
 
-    static = np.broadcast_to(q.shard_params * BYTES_PER_PARAM_TRAIN, lead + (n,))
+    static = np.broadcast_to(state, lead + (n,))
     # with recomputation one layer's activations are rebuilt during its backward
     act = np.broadcast_to(np.where(rc, q.in_act, q.full_act), lead + (n,))
     transient = np.broadcast_to(np.where(rc, q.full_act, 0.0), lead + (n,))
