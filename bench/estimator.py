@@ -4,8 +4,8 @@ leave-one-GPU-type-out.
     python bench/estimator.py [--table PATH] [--out bench/results] [--jobs N]
     python bench/estimator.py --loto-only [--types a100-40gb,a40] [--by-shape] [--jobs N]   (iteration loop: prints
         the leave-one-type-out summary of those folds, writes nothing)
-    python bench/estimator.py --loto-only --base moe_expert_parallel=false   (a variant of the model: CostParams
-        fields of the fit's starting point, JSON values)
+    python bench/estimator.py --loto-only --base moe_expert_parallel=true [--envelope-weight W]   (a variant:
+        CostParams fields of the fit's starting point as JSON values, the weight of the fit's envelope term)
 
 For each GPU type T: fit the cost model (`arena_opt.perf.calibrate.fit`) on the other three types,
 then predict T's rows. T's compute efficiency is the fit's shared efficiency (a fraction of T's
@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --loto-only: also one line per held-out type and placement (nodes x GPUs per node)")
     ap.add_argument("--params-out", type=Path, default=CALIBRATED_PATH,
                     help="where the in-sample parameters go as the package's default (also written to --out)")
+    ap.add_argument("--envelope-weight", type=float, default=cal.FitSpec.envelope_weight,
+                    help="weight of the fit's envelope term (the planner's fastest plan may not undercut the "
+                         "measured optimum), relative to the data term; default %(default)s")
     ap.add_argument("--params-only", action="store_true",
                     help="only the in-sample fit: write calibrated_params.json (--out and --params-out), no result")
     ap.add_argument("--base", action="append", default=[], metavar="FIELD=JSON",
@@ -141,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"--base: {e}", file=sys.stderr)
         return 2
+    if not (math.isfinite(args.envelope_weight) and args.envelope_weight >= 0):
+        print(f"--envelope-weight: {args.envelope_weight} is not a finite number >= 0", file=sys.stderr)
+        return 2
+    spec = cal.FitSpec(envelope_weight=args.envelope_weight)
     loaded = measured_observations(args.table)
     if loaded is None:
         return 2
@@ -154,13 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"--types: no measured rows of {', '.join(unknown)} (have {', '.join(types)})", file=sys.stderr)
             return 2
-        print(loto_summary(obs, cal.leave_one_type_out(obs, base, held=held, jobs=args.jobs),
+        print(loto_summary(obs, cal.leave_one_type_out(obs, base, spec, held=held, jobs=args.jobs),
                            by_shape=args.by_shape))
         return 0
 
     if args.params_only:
         log("in-sample fit on all types")
-        write_params(cal.fit(obs, base).params, args.out, args.params_out)
+        write_params(cal.fit(obs, base, spec).params, args.out, args.params_out)
         return 0
 
     # uncalibrated defaults (what the estimator uses without a calibration)
@@ -168,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     uncal = grouped(obs, rel_errors(obs, default_pred))
 
     log("in-sample fit on all types")
-    full = cal.fit(obs, base)
+    full = cal.fit(obs, base, spec)
     insample_pred = [t for t, _ in cal.predict(obs, full.params, cal.ARENA_SPACE)]
     insample = grouped(obs, rel_errors(obs, insample_pred))
     insample_planner = grouped(obs, rel_errors(obs, planner_predictions(obs, full.params)))
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     fold_params = {}
     t0 = time.perf_counter()
-    folds = cal.leave_one_type_out(obs, base, jobs=args.jobs)  # each fit sees the other types' rows only
+    folds = cal.leave_one_type_out(obs, base, spec, jobs=args.jobs)  # each fit sees the other types' rows only
     log(f"{len(folds)} leave-one-type-out fits, {time.perf_counter() - t0:.0f} s")
     by_key = {}
     for space_name, space in (("reference", cal.ARENA_SPACE), ("planner", cal.PLANNER_SPACE)):

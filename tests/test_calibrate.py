@@ -233,3 +233,5 @@ def test_bench_base_variants_set_cost_params_fields_or_exit_2(monkeypatch, capsy
     for bad in ("nope=1", "moe_expert_parallel=maybe", "mem_eff=-1"):
         assert mod.main(["--loto-only", "--base", bad]) == 2
         assert bad.split("=")[0] in capsys.readouterr().err
+    assert mod.main(["--loto-only", "--envelope-weight", "-1"]) == 2
+    assert "--envelope-weight" in capsys.readouterr().err
