@@ -1,14 +1,17 @@
 """What the Slurm runner keeps through the faults of a real cluster, measured on a real Slurm (Debian's
 slurm-wlm, started on this host by tests/slurm_cluster.py, as the tests do):
 
-- `controller`: slurmctld stops for --outage-s under a running job and starts again. Measured: the runner's
-  status() call before, during and after the outage (each call asks `scontrol ping` first and keeps what
-  Slurm said last while the controller is down), launches of the job, steps run twice or never, and the
-  outage the runner recorded.
+- `controller`: slurmctld stops for --outage-s under a running job and starts again, twice: once at a
+  time not tied to the loop (a seeded random delay of up to two rounds after the job's third step was
+  seen), once just as the loop's thread starts a Slurm query (a launch's `squeue -h -j`) whose ping
+  answered: the query the ping cannot guard, which only its timeout ends. Measured: the runner's
+  status() calls before, during and after the outage and the longest gap between two during it (the
+  time the loop was blind), what the loop was running when the controller went, launches of the job,
+  steps run twice or never, and the outage the runner recorded.
 - `node_down`: the job's node goes DOWN (then DRAIN, so it stays out). Measured: seconds from the fault to
   the first step of the relaunch elsewhere, steps run twice (since the checkpoint), steps never run.
 
-    python bench/slurm_faults.py [--outage-s 15] [--out bench/results]
+    python bench/slurm_faults.py [--outage-s 15] [--seed 0] [--out bench/results]
 
 Writes slurm_faults.json and .md. Exits 2 with the reason when Slurm cannot start here.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -28,25 +32,11 @@ sys.path.insert(0, str(_ROOT))
 sys.path.insert(0, str(_ROOT / "tests"))
 
 from _provenance import command, git_rev, machine, write_result  # noqa: E402
-from slurm_cluster import WhenRunning, controller_outage, one_job_loop, set_node_states  # noqa: E402
+from slurm_cluster import (LoopCommands, WhenRunning, controller_outage, one_job_loop,  # noqa: E402
+                           set_node_states, timed_status)
 
 HARNESS = _ROOT / "tests" / "slurm_cluster.py"
-
-
-def _timed_status(r) -> list[tuple[float, float]]:
-    """Wrap r.status: (start time, seconds) of every call."""
-    calls: list[tuple[float, float]] = []
-    inner = r.status
-
-    def status():
-        t0 = time.time()
-        try:
-            return inner()
-        finally:
-            calls.append((t0, time.time() - t0))
-
-    r.status = status
-    return calls
+INTERVAL_S = 2.0  # the loop's round; it samples the runner about once a second between rounds
 
 
 def _steps(r, job: str) -> tuple[list[int], list[dict]]:
@@ -64,28 +54,54 @@ def _stats(xs: list[float]) -> dict:
     return {"calls": len(xs), "median_s": statistics.median(xs) if xs else None, "max_s": max(xs) if xs else None}
 
 
-def outage_under_a_job(slurm, work: Path, outage_s: float, iterations: int = 60) -> dict:
+def _longest_gap(starts: list[float], t0: float, t1: float) -> float:
+    """Longest stretch of [t0, t1] without the start of a status() call."""
+    pts = [t0, *sorted(s for s in starts if t0 < s < t1), t1]
+    return max(b - a for a, b in zip(pts, pts[1:]))
+
+
+def outage_under_a_job(slurm, work: Path, outage_s: float, trigger: str, seed: int = 0,
+                       iterations: int = 60) -> dict:
+    """trigger "at_time": the outage starts a seeded random delay (up to two rounds) after the job's third
+    step was seen; "in_query": just before the loop's next `squeue -h -j` of the launch, after its ping."""
     from runners.slurm import SlurmRunner
 
     r = SlurmRunner(work / "w", device="cpu", tag="bctl", ckpt_interval=5)
-    loop = one_job_loop(r, work / "out", "c", iterations=iterations, interval_s=2, duration_s=outage_s + 200)
-    calls = _timed_status(r)
-    with WhenRunning(loop, "c", 3, lambda o: controller_outage(slurm, outage_s)) as fault:
-        res = loop.run()
-    if not fault.result:
+    loop = one_job_loop(r, work / "out", "c", iterations=iterations, interval_s=INTERVAL_S,
+                        duration_s=outage_s + 200)
+    calls = timed_status(r)
+    delay = random.Random(seed).uniform(0, 2 * INTERVAL_S)
+
+    def at_time(o):
+        time.sleep(delay)
+        return controller_outage(slurm, outage_s)
+
+    def in_query(o):
+        cmds.arm(f"squeue -h -j {r.slurm_id('c')}", outage_s)
+        return True
+
+    with LoopCommands(slurm) as cmds:
+        with WhenRunning(loop, "c", 3, at_time if trigger == "at_time" else in_query) as fault:
+            res = loop.run()
+    window = fault.result if trigger == "at_time" else cmds.window
+    if not fault.result or not window:
         raise RuntimeError("the job never ran 3 steps: no outage was made")
-    t0, t_down, t1 = fault.result
+    t0, t_down, t1 = window
     rec = {j["id"]: j for j in res.jobs}["c"]
     events = [json.loads(line) for line in (work / "out" / "events.jsonl").read_text().splitlines()]
     back = [e for e in events if e["kind"] == "controller_back"]
     steps, _ = _steps(r, "c")
     return {
-        "fault": "controller", "stop_s": round(t_down - t0, 1), "down_s": round(t1 - t_down, 1),
+        "fault": "controller", "trigger": trigger, "delay_s": round(delay, 2) if trigger == "at_time" else None,
+        "loop_at_stop": cmds.hit if trigger == "in_query" else cmds.inside(t0),
+        "stop_s": round(t_down - t0, 1), "down_s": round(t1 - t_down, 1),
+        "query_timeout_s": r.options.query_timeout_s,
         "job_status": rec["status"],
         "launches": sum(1 for e in events if e["kind"] == "launch" and e["job"] == "c"),
         "status_before": _stats([d for s, d in calls if s + d < t0]),
         "status_during": _stats([d for s, d in calls if s < t1 and s + d > t0]),
         "status_after": _stats([d for s, d in calls if s >= t1]),
+        "longest_gap_during_s": round(_longest_gap([s for s, _ in calls], t_down, t1), 2),
         "lost_events": sum(1 for e in events if e["kind"] == "controller_lost"),
         "back_events": len(back),
         "recorded_outage_s": back[0]["details"].get("outage_s") if back else None,
@@ -129,17 +145,23 @@ def render(p: dict) -> str:
 
     out = [f"# Slurm runner under faults (real slurm-wlm on one host)\n\nCommand: `{p['command']}`  \n"
            f"Commit {p['commit']}, {p['slurm']}; machine {p['machine']}.\n"]
-    c = p["controller"]
     out += ["## slurmctld outage under a running job\n",
-            f"slurmctld took {c['stop_s']} s to stop and was then gone for {c['down_s']} s (until `scontrol ping` "
-            f"answered again); the runner polls every 2 s. Job {c['job_status']}, {c['launches']} launch(es); "
-            f"{c['steps_run']} steps run, {c['steps_twice']} twice, {c['steps_never']} never; "
-            f"{c['lost_events']} controller_lost / {c['back_events']} controller_back event(s); the outage the "
-            f"runner recorded (first failed ping to first answer): {s(c['recorded_outage_s'])} s.\n",
-            "| runner status() calls | calls | median s | max s |", "|---|---|---|---|"]
-    for k in ("before", "during", "after"):
-        st = c[f"status_{k}"]
-        out.append(f"| {k} the outage | {st['calls']} | {s(st['median_s'])} | {s(st['max_s'])} |")
+            f"The loop's round is {INTERVAL_S:g} s and it samples the runner about once a second; guarded Slurm "
+            "queries time out after the runner's query timeout. \"at a time\": the outage starts a seeded random "
+            "delay after the job's third step was seen; \"inside a query\": just as the loop starts a launch's "
+            "`squeue -h -j` whose ping answered. Blind = the longest stretch of the outage without a status() "
+            "call starting. Recorded outage: first failed ping or timed-out query to the first query answered.\n",
+            "| trigger | loop at the stop | stop s | down s | query timeout s | status() calls before / during / "
+            "after | max s during | blind s | lost / back events | recorded outage s | job | launches | steps run "
+            "| twice | never |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in p["controller"]:
+        trig = f"at a time (+{c['delay_s']} s)" if c["trigger"] == "at_time" else "inside a query"
+        b, du, a = (c[f"status_{k}"] for k in ("before", "during", "after"))
+        out.append(f"| {trig} | {c['loop_at_stop'] or 'between commands'} | {c['stop_s']} | {c['down_s']} | "
+                   f"{c['query_timeout_s']:g} | {b['calls']} / {du['calls']} / {a['calls']} | {s(du['max_s'])} | "
+                   f"{c['longest_gap_during_s']} | {c['lost_events']} / {c['back_events']} | "
+                   f"{s(c['recorded_outage_s'])} | {c['job_status']} | {c['launches']} | {c['steps_run']} | "
+                   f"{c['steps_twice']} | {c['steps_never']} |")
     d = p["node_down"]
     out += ["\n## The job's node goes DOWN\n",
             "| job | launches | step seen at the fault | resumed from step | fault to first step s | elsewhere | "
@@ -153,6 +175,7 @@ def render(p: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--outage-s", type=float, default=15.0, help="how long slurmctld stays down")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the \"at a time\" outage's delay")
     ap.add_argument("--out", type=Path, default=_ROOT / "bench" / "results")
     args = ap.parse_args(argv)
     if args.outage_s <= 0:
@@ -170,9 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         version = cluster.run("sinfo", "--version").stdout.strip()
         with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
-            cluster.reset()
-            ctl = outage_under_a_job(cluster, Path(tmp) / "ctl", args.outage_s)
-            print(json.dumps(ctl), flush=True)
+            ctl = []
+            for trigger in ("at_time", "in_query"):
+                cluster.reset()
+                ctl.append(outage_under_a_job(cluster, Path(tmp) / f"ctl-{trigger}", args.outage_s, trigger,
+                                              seed=args.seed))
+                print(json.dumps(ctl[-1]), flush=True)
             cluster.reset()
             down = node_down(cluster, Path(tmp) / "down")
             print(json.dumps(down), flush=True)

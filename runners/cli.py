@@ -18,6 +18,7 @@ from pathlib import Path
 from arena_opt.argtypes import nonneg_float, nonneg_int, positive_float, positive_int
 from arena_opt.errors import InputError, Interrupted
 from arena_opt.policies.flags import add_policy_args
+from arena_opt.slurm.commands import SlurmOptions
 from runners.spec import DEFAULT_CKPT_EVERY_S
 
 
@@ -60,6 +61,9 @@ def register(subparsers) -> None:
                    help="node leaves the cluster at that wall second (fault drill; repeatable)")
     r.add_argument("--gpu-map", help="slurm: GRES type -> catalog GPU name JSON (see `arena-opt slurm snapshot -h`)")
     r.add_argument("--partition", help="slurm: only the nodes of this partition")
+    qt = SlurmOptions.model_fields["query_timeout_s"]
+    r.add_argument("--slurm-query-timeout", type=positive_float, default=qt.default,
+                   help=f"slurm: {qt.description} (default {qt.default:g})")
     r.add_argument("--node-addr", help="dry-run: NODE=HOST,... rendezvous host of each node (default: the node id)")
     r.add_argument("--restart-s", type=nonneg_float, default=20.0,
                    help="live: seconds a (re)start costs, for the policy's penalty (default 20, measured on "
@@ -167,7 +171,8 @@ def _live(args, snap) -> int:
         from runners.slurm import SlurmRunner
 
         slurm_runner = SlurmRunner(Path(args.workdir).resolve(), gpu_map=GpuMap.load(args.gpu_map),
-                                   partition=args.partition, **kw)
+                                   partition=args.partition,
+                                   options=SlurmOptions(query_timeout_s=args.slurm_query_timeout), **kw)
     if args.cluster:
         cluster = load_cluster(args.cluster)
     elif slurm_runner is not None:

@@ -56,6 +56,11 @@ class LaunchError(RuntimeError):
     """The backend could not start a launch (sbatch refused, node not offered): worth a retry."""
 
 
+class LaunchDeferred(LaunchError):
+    """Nothing was submitted, for a reason outside the job (the cluster's controller is away): no crash
+    is counted, the generation number is not used up, and the next decision that runs the job tries again."""
+
+
 class LaunchHandle(abc.ABC):
     """The processes of one launch of a job (one torchrun per node)."""
 
@@ -91,6 +96,7 @@ class _Job:
     steps_lost: int = 0  # steps done again after restarts and relaunches, all launches together
     retry_at: float = 0.0  # wall time before which a crashed job is not relaunched (backoff)
     held: str | None = None  # why the last decision to run it was not carried out
+    deferred: str | None = None  # why the last launch was put off by the backend (LaunchDeferred)
     killed: bool = False  # the current launch is being killed on the scheduler's word (node gone)
     message: str | None = None
     window: list[float] = field(default_factory=list)
@@ -290,6 +296,12 @@ class ManagedRunner(Runner):
             j.run_dir.mkdir(parents=True, exist_ok=True)
             clear_stop(j.run_dir)
             j.handle = self._start(j, spec, jd.placement)
+        except LaunchDeferred as e:
+            j.timeline.pop()
+            if j.deferred != str(e):  # one event per reason, not per round
+                self._emit("held", j, f"launch {j.generation} put off: {e}", deferred=True)
+            j.deferred = j.message = str(e)
+            return
         except LaunchError as e:
             j.generation += 1
             self._crashed(j, f"launch {j.generation - 1} could not start: {e}", counts=True)
@@ -300,6 +312,7 @@ class ManagedRunner(Runner):
             return
         j.log_paths = list(j.handle.log_paths)
         j.generation += 1
+        j.deferred = None
         j.state = "running"
         j.killed = False
         j.gpu_type, j.placement, j.plan = jd.gpu_type, dict(jd.placement), jd.plan

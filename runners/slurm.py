@@ -25,7 +25,16 @@ checkpoint instead of running twice.
 
 A controller outage (slurmctld restarted or unreachable; the nodes' slurmd keep running the launches) is
 ridden out: the runner keeps the last nodes, jobs and states it read, the exit codes still arrive as
-files, launches wait (sbatch fails and is retried), and the outage and its end are two events.
+files, and the outage and its end are two events. Every query with such a fallback is guarded twice: a
+`scontrol ping` first, and a short timeout on the query itself (SlurmOptions.query_timeout_s), because a
+query that got past the ping as the controller went waits until it is back (Slurm's client retries for
+MessageTimeout, measured 9-18 s) and would leave the loop blind for the outage. While the controller is
+away a launch is not submitted (LaunchDeferred: no crash counted, tried again at the next decision; an
+sbatch that never reached slurmctld counts the same), and sbatch never gets the short timeout: a submit
+cut short may have been accepted, and a second one would run the job twice. Before a submit, a Slurm job
+still alive in the job's directory defers it too. A scancel the controller did not take is owed: kept,
+recorded (`cancel_owed`) and sent when slurmctld answers again (scancel is idempotent, so a cut one is
+sent again), before any submit.
 
 The job directories (run, checkpoint, logs) must be on a file system all nodes share.
 """
@@ -41,13 +50,14 @@ from pathlib import Path
 
 from arena_opt.decision import Decision
 from arena_opt.errors import InputError
-from arena_opt.slurm.commands import SlurmCommandError, controller_up, slurm
+from arena_opt.slurm.commands import (NOT_REACHED, TIMEOUT_S, SlurmCommandError, SlurmOptions, SlurmTimeout,
+                                      controller_up, slurm)
 from arena_opt.slurm.gres import GpuMap
 from arena_opt.slurm.snapshot import SlurmJobView, SlurmView, build_snapshot
 from arena_opt.snapshot import Node
 from runners.base import ObservedJob, RunnerError
 from runners.launch import NodeLaunch, node_launches
-from runners.managed import LaunchError, LaunchHandle, ManagedRunner, _Job
+from runners.managed import LaunchDeferred, LaunchError, LaunchHandle, ManagedRunner, _Job
 from runners.names import safe_name
 from runners.progress import ProgressReader
 from runners.spec import TrainSpec
@@ -65,10 +75,10 @@ def progress_steps(run_dir: str) -> float | None:
     return float(p.step) if p.started else None
 
 
-def read_view(gpu_map: GpuMap, partition: str | None = None, own=None) -> SlurmView:
+def read_view(gpu_map: GpuMap, partition: str | None = None, own=None, timeout: float = TIMEOUT_S) -> SlurmView:
     from arena_opt.slurm.commands import read_jobs, read_nodes
 
-    return build_snapshot(read_nodes(), read_jobs(), gpu_map, partition=partition, own=own,
+    return build_snapshot(read_nodes(timeout), read_jobs(timeout), gpu_map, partition=partition, own=own,
                           progress_of=progress_steps)
 
 
@@ -112,31 +122,105 @@ def sbatch_script(launches: list[NodeLaunch], gres: dict[str, str], *, name: str
     return "\n".join(lines) + "\n"
 
 
-class Controller:
-    """Whether slurmctld answers, and the lost/back events when that changes. Asked before every query
-    that has a fallback: a ping costs ~20 ms, while a query to a controller that is down waits out
-    Slurm's MessageTimeout first (measured 63 s per status call before this check)."""
+class ControllerAway(InputError):
+    """slurmctld does not answer and Slurm has said nothing yet that could stand in for its answer."""
 
-    def __init__(self, emit) -> None:
+
+class Controller:
+    """Whether slurmctld answers, the lost/back events when that changes, the guard of every query that
+    has a fallback (`ask`) and the scancels owed while it is away. A ping costs ~20 ms, while a query to a
+    controller that is down waits out Slurm's MessageTimeout first (measured 63 s per status call before
+    the ping); the query timeout covers a query that passed the ping as the controller went. The outage
+    ends at the first query answered again (a ping alone can answer while queries still hang)."""
+
+    def __init__(self, emit, timeout_s: float = SlurmOptions().query_timeout_s) -> None:
         self._emit = emit  # (kind, message, **details)
+        self.timeout_s = timeout_s
         self.down_since: float | None = None
+        self._owed: dict[tuple[str, ...], float] = {}  # scancel argv -> since when it is owed
 
     def up(self) -> bool:
-        now = time.time()
-        up = controller_up()
-        if not up and self.down_since is None:
-            self.down_since = now
-            self._emit("controller_lost", "slurmctld does not answer: launches keep running on their nodes; "
-                       "the runner keeps what Slurm said last and waits")
-        elif up and self.down_since is not None:
+        """Whether `scontrol ping` answers now (scancels owed are sent first when it does)."""
+        up = controller_up(self.timeout_s)
+        if not up:
+            self._lost("slurmctld does not answer `scontrol ping`")
+        elif self._owed:
+            self._send_owed()
+        return up
+
+    def _lost(self, why: str, unanswered_s: float = 0.0) -> None:
+        if self.down_since is None:
+            self.down_since = time.time() - unanswered_s  # a timed-out query went unanswered since it was sent
+            self._emit("controller_lost", f"{why}: launches keep running on their nodes; the runner keeps what "
+                       "Slurm said last and waits", reason=why)
+
+    def _answered(self) -> None:
+        if self.down_since is not None:
+            now = time.time()
             self._emit("controller_back", f"slurmctld answers again after {now - self.down_since:.0f} s",
                        outage_s=now - self.down_since)
             self.down_since = None
-        return up
 
-    def explains(self) -> bool:
-        """After a failed query: whether the controller being down explains it."""
-        return not self.up()
+    def ask(self, query, last):
+        """query(timeout)'s answer, or `last` (what Slurm said last) while slurmctld is away: the ping fails,
+        or the query does not answer within the timeout, or it fails while the ping fails too. Another
+        failure is raised; so is ControllerAway when the controller is away and `last` is None."""
+        if self.up():
+            try:
+                out = query(self.timeout_s)
+            except SlurmTimeout as e:
+                self._lost(f"`{' '.join(e.argv)}` got no answer within {e.timeout:g} s", e.timeout)
+            except InputError:  # a failed command, or squeue's JSON error list when slurmctld is gone
+                if self.up():
+                    self._answered()
+                    raise
+            else:
+                self._answered()
+                return out
+        if last is None:
+            raise ControllerAway("slurmctld does not answer and Slurm has said nothing yet the runner could go on "
+                                 "from")
+        return last
+
+    def cancel(self, argv: list[str]) -> bool:
+        """Send a scancel; while the controller is away (or when it goes during the call) it is owed instead,
+        recorded and sent when slurmctld answers again. True when Slurm took it (or refused it: the job
+        is gone already)."""
+        if self.up():
+            try:
+                slurm(*argv, timeout=self.timeout_s)
+                self._answered()
+                return True
+            except SlurmTimeout as e:
+                self._lost(f"`{' '.join(e.argv)}` got no answer within {e.timeout:g} s", e.timeout)
+            except SlurmCommandError as e:
+                if NOT_REACHED not in e.slurm_message and self.up():
+                    self._answered()
+                    return True  # Slurm's refusal: the job is over already
+        key = tuple(argv)
+        if key not in self._owed:
+            self._owed[key] = time.time()
+            self._emit("cancel_owed", f"`{' '.join(argv)}` not taken while slurmctld is away: sent when it "
+                       "answers again", command=list(argv), sent=False)
+        return False
+
+    def owes(self, slurm_id: str) -> bool:
+        """Whether a scancel of this Slurm job is still owed."""
+        return any(k[-1] == slurm_id for k in self._owed)
+
+    def _send_owed(self) -> None:
+        for key, since in list(self._owed.items()):
+            try:
+                slurm(*key, timeout=self.timeout_s)
+            except SlurmTimeout:
+                return  # away again: the next answer sends the rest
+            except SlurmCommandError as e:
+                if NOT_REACHED in e.slurm_message:
+                    return
+                # any other refusal: the job is over already
+            del self._owed[key]
+            self._emit("cancel_owed", f"`{' '.join(key)}` sent {time.time() - since:.0f} s late, now that "
+                       "slurmctld answers", command=list(key), sent=True)
 
 
 class SlurmLaunch(LaunchHandle):
@@ -152,29 +236,36 @@ class SlurmLaunch(LaunchHandle):
         self._last: set[str] | None = None  # what Slurm said last: the answer while the controller is down
 
     def states(self) -> set[str]:
-        """Slurm states of the components; empty once Slurm forgot the job."""
-        c = self.controller
-        if c is not None and self._last is not None and not c.up():
-            return self._last
+        """Slurm states of the components; empty once Slurm forgot the job. With a controller: what Slurm
+        said last while it is away (ControllerAway if it said nothing yet)."""
+        if self.controller is None:
+            return self._query(TIMEOUT_S)
+        self._last = self.controller.ask(self._query, self._last)
+        return self._last
+
+    def _query(self, timeout: float) -> set[str]:
         try:
-            out = slurm("squeue", "-h", "-j", self.slurm_id, "-o", "%T")
+            out = slurm("squeue", "-h", "-j", self.slurm_id, "-o", "%T", timeout=timeout)
         except SlurmCommandError as e:
             if "Invalid job id" in e.slurm_message:
                 return set()
-            if c is not None and self._last is not None and c.explains():
-                return self._last
             raise
-        self._last = set(out.split())
-        return self._last
+        return set(out.split())
 
     def pending(self) -> bool:
-        return self.states() == {"PENDING"}
+        try:
+            return self.states() == {"PENDING"}
+        except ControllerAway:
+            return False  # not known to be pending
 
     def poll(self) -> list[int | None]:
         rcs = [_read_rc(p) for p in self.rc_files]
         if all(rc is not None for rc in rcs):
             return rcs
-        st = self.states()
+        try:
+            st = self.states()
+        except ControllerAway:
+            return rcs  # nothing known of it yet: not over
         if st and not st <= TERMINAL:
             return rcs
         # the job is over but a component wrote no exit code: it was killed (node failure, scancel)
@@ -183,14 +274,21 @@ class SlurmLaunch(LaunchHandle):
                 for rc, p in zip(rcs, self.rc_files)]
 
     def _cancel_and_wait(self, args: list[str], timeout: float) -> None:
-        try:
-            slurm("scancel", *args, self.slurm_id)
-        except SlurmCommandError:
-            pass  # already gone
+        argv, c = ["scancel", *args, self.slurm_id], self.controller
+        if c is None:
+            try:
+                slurm(*argv)
+            except SlurmCommandError:
+                pass  # already gone
+        elif not c.cancel(argv):
+            return  # owed: Slurm's states stand still until the controller is back
         deadline = time.time() + timeout
         while time.time() < deadline:
-            st = self.states()
-            if not st or st <= TERMINAL:
+            try:
+                st = self.states()
+            except ControllerAway:
+                return
+            if not st or st <= TERMINAL or (c is not None and c.down_since is not None):
                 return
             time.sleep(0.2)
 
@@ -212,7 +310,7 @@ def _read_rc(p: Path) -> int | None:
 
 class SlurmRunner(ManagedRunner):
     def __init__(self, workdir: str | Path, *, gpu_map: GpuMap | None = None, partition: str | None = None,
-                 tag: str | None = None, **kw) -> None:
+                 tag: str | None = None, options: SlurmOptions | None = None, **kw) -> None:
         # the runner's own Slurm jobs are named arena-TAG-...: neither occupants nor snapshot jobs
         self.tag = tag or f"{os.getpid()}"
         if not TAG.fullmatch(self.tag):
@@ -223,7 +321,9 @@ class SlurmRunner(ManagedRunner):
         self._view: SlurmView | None = None
         self._view_t = 0.0
         self._first_view: SlurmView | None = None
-        self.controller = Controller(lambda kind, msg, **kw: self._emit(kind, None, msg, **kw))
+        self.options = options or SlurmOptions()
+        self.controller = Controller(lambda kind, msg, **kw: self._emit(kind, None, msg, **kw),
+                                     self.options.query_timeout_s)
 
     # ------------------------------------------------------------------ what Slurm shows
 
@@ -232,16 +332,13 @@ class SlurmRunner(ManagedRunner):
 
     def view(self, max_age_s: float = 0.5) -> SlurmView:
         if self._view is None or time.time() - self._view_t > max_age_s:
-            if self._view is not None and not self.controller.up():
-                return self._view  # what Slurm said last, until it answers again
-            try:
-                self._view = read_view(self.gpu_map, self.partition, own=self._own)
-            except InputError:  # a failed command, or squeue's JSON error list when slurmctld is gone
-                if self._view is not None and self.controller.explains():
-                    return self._view
-                raise
-            self._view_t = time.time()
+            v = self.controller.ask(self._read_view, self._view)
+            if v is not self._view:  # a new answer, not what Slurm said last
+                self._view, self._view_t = v, time.time()
         return self._view
+
+    def _read_view(self, timeout: float) -> SlurmView:
+        return read_view(self.gpu_map, self.partition, own=self._own, timeout=timeout)
 
     def cluster_nodes(self) -> list[Node]:
         return list(self.view(max_age_s=0).snapshot.nodes)
@@ -283,7 +380,22 @@ class SlurmRunner(ManagedRunner):
     # ------------------------------------------------------------------ ManagedRunner hooks
 
     def _start(self, job: _Job, spec: TrainSpec, placement: dict[str, list[int]]) -> LaunchHandle:
+        if not self.controller.up():  # owed scancels are sent first once it answers
+            raise LaunchDeferred("slurmctld does not answer: not submitted")
         view = self.view(max_age_s=0)
+        if self.controller.down_since is not None:
+            raise LaunchDeferred("slurmctld went away while its nodes and jobs were read: not submitted")
+        root = str(job.root.resolve())
+        alive = [v for v in view.jobs.values() if v.components[0].current_working_directory == root
+                 and not {c.state for c in v.components} <= TERMINAL]
+        if alive:
+            # one launch of a job at a time: a cancel still owed or taking effect, or a submit whose
+            # answer was lost
+            for v in alive:
+                if not self.controller.owes(str(v.slurm_id)):
+                    self.controller.cancel(["scancel", str(v.slurm_id)])
+            raise LaunchDeferred(f"Slurm job(s) {', '.join(str(v.slurm_id) for v in alive)} of this job still "
+                                 "alive in its directory: cancelled, not submitted until they are gone")
         missing = [n for n in placement if n not in view.gres_type]
         if missing:
             raise LaunchError(f"node(s) {', '.join(missing)} not offered by Slurm now "
@@ -302,8 +414,12 @@ class SlurmRunner(ManagedRunner):
         path = job.root / "logs" / f"g{g}.sbatch"
         path.write_text(script)
         try:
+            # Slurm's own bound, not the query timeout: a submit cut short may have been accepted
             out = slurm("sbatch", "--parsable", f"--chdir={job.root}", str(path))
         except SlurmCommandError as e:
+            if NOT_REACHED in e.slurm_message:
+                self.controller.up()  # records the outage
+                raise LaunchDeferred(f"sbatch did not reach slurmctld ({e.slurm_message}): not submitted") from None
             raise LaunchError(f"sbatch refused the launch: {e.slurm_message}") from None
         return SlurmLaunch(out.strip().split(";")[0], rc_files, logs, self.controller)
 

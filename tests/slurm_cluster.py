@@ -346,3 +346,80 @@ def set_node_states(cluster: SlurmCluster, node: str, *states: str, reason: str 
     test cluster returns a DOWN node to service once its slurmd registers again)."""
     for state in states:
         cluster.run("scontrol", "update", f"NodeName={node}", f"State={state}", f"Reason={reason} {state}")
+
+
+def timed_status(runner) -> list[tuple[float, float]]:
+    """Wrap runner.status: (start time, seconds) of every call."""
+    calls: list[tuple[float, float]] = []
+    inner = runner.status
+
+    def status():
+        t0 = time.time()
+        try:
+            return inner()
+        finally:
+            calls.append((t0, time.time() - t0))
+
+    runner.status = status
+    return calls
+
+
+class LoopCommands:
+    """Context manager: records (start, end, command) of every command this thread runs (the live loop's
+    Slurm commands, run in the caller's thread), and, once `arm(prefix, seconds)` was called, stops
+    slurmctld just before the next such command whose argv starts with `prefix` (after the ping before it
+    answered: the case a ping cannot guard) and starts it again `seconds` later from another thread.
+    `.window`: (asked to stop, stopped, answering again) of that outage, `.hit` the command it met."""
+
+    def __init__(self, cluster: SlurmCluster) -> None:
+        import threading
+
+        self.cluster = cluster
+        self.log: list[tuple[float, float, str]] = []
+        self.window: tuple[float, float, float] | None = None
+        self.hit: str | None = None
+        self._thread = threading.current_thread()
+        self._armed: tuple[str, float] | None = None
+        self._restart = None
+        self._run = subprocess.run
+
+    def arm(self, prefix: str, seconds: float) -> None:
+        self._armed = (prefix, seconds)
+
+    def inside(self, t: float) -> str | None:
+        """The loop's command running at time t (None: between commands)."""
+        return next((cmd for a, b, cmd in self.log if a <= t <= b), None)
+
+    def _wrapped(self, args, *a, **kw):
+        import threading
+
+        if threading.current_thread() is not self._thread:
+            return self._run(args, *a, **kw)
+        cmd = " ".join(str(x) for x in args)
+        if self._armed and cmd.startswith(self._armed[0]):
+            seconds, self._armed, self.hit = self._armed[1], None, cmd
+            t0 = time.time()
+            self.cluster.stop_controller()
+            t_down = time.time()
+
+            def back() -> None:
+                time.sleep(seconds)
+                self.cluster.start_controller()
+                self.window = (t0, t_down, time.time())
+
+            self._restart = threading.Thread(target=back, daemon=True)
+            self._restart.start()
+        t = time.time()
+        try:
+            return self._run(args, *a, **kw)
+        finally:
+            self.log.append((t, time.time(), cmd))
+
+    def __enter__(self) -> "LoopCommands":
+        subprocess.run = self._wrapped
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run = self._run
+        if self._restart is not None:
+            self._restart.join(120)

@@ -18,7 +18,8 @@ from runners.reference import reference_losses
 from runners.slurm import SlurmRunner
 from runners.spec import resolve_arch
 from tests.runner_status import wait_for_status
-from tests.slurm_cluster import WhenRunning, controller_outage, one_job_loop, set_node_states
+from tests.slurm_cluster import (LoopCommands, WhenRunning, controller_outage, one_job_loop, set_node_states,
+                                 timed_status)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TOL = 1e-3  # see tests/test_runners_local.py
@@ -269,5 +270,47 @@ def test_live_loop_rides_out_a_controller_restart(slurm, tmp_path):
     kinds = [e["kind"] for e in events]
     assert kinds.count("controller_lost") == 1 and kinds.count("controller_back") == 1, kinds
     assert [e for e in events if e["kind"] == "launch" and e["job"] == "c"].__len__() == 1, kinds
+    steps = [e["step"] for e in r.events("c") if e["event"] == "step"]
+    assert steps == list(range(1, 61))  # never restarted: no step run twice, none lost
+
+
+def test_live_loop_keeps_polling_when_the_controller_goes_inside_a_query(slurm, tmp_path):
+    """slurmctld stops while the loop is inside a Slurm query that passed its ping (the query would wait
+    until the controller is back, the loop blind for the whole outage): the query's timeout ends it, the
+    loop keeps polling on what Slurm said last through the outage, the outage is two events, the job
+    runs on (one launch, every step once)."""
+    import json
+
+    from arena_opt.slurm.commands import SlurmOptions
+
+    timeout_s = 2.0
+    r = SlurmRunner(tmp_path / "work", device="cpu", tag="tq", ckpt_interval=5,
+                    options=SlurmOptions(query_timeout_s=timeout_s))
+    loop = one_job_loop(r, tmp_path / "out", "c", iterations=60, interval_s=2, duration_s=200)
+    calls = timed_status(r)
+    outage_s = 15.0
+    with LoopCommands(slurm) as cmds:
+        # the next state query of the launch (status and apply ask it) meets a controller that is gone
+        with WhenRunning(loop, "c", 3, lambda o: cmds.arm(f"squeue -h -j {r.slurm_id('c')}", outage_s) or True) as armed:
+            res = loop.run()
+    assert armed.result and cmds.window, "the controller was never stopped"
+    t0, t_down, t_back = cmds.window
+    # the query the controller went under: cut at the timeout, not answered when it came back
+    a, b = next((a, b) for a, b, cmd in cmds.log if cmd.startswith("squeue -h -j") and a >= t_down)
+    assert timeout_s - 0.1 < b - a < timeout_s + 1.0 and b < t_back, (a, b, cmds.window)
+    inside = [s for s, d in calls if t_down + timeout_s + 1.0 < s < t_back]
+    # polled about once a second after the cut query; 4 is far below that and far above none
+    assert len(inside) >= 4, (inside, cmds.window, calls[-40:])
+    rec = {j["id"]: j for j in res.jobs}["c"]
+    assert rec["status"] == "done", rec
+    events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("controller_lost") == 1 and kinds.count("controller_back") == 1, kinds
+    lost = next(e for e in events if e["kind"] == "controller_lost")
+    assert "squeue" in lost["details"]["reason"], lost  # found by the query's timeout, not by a ping
+    back = next(e for e in events if e["kind"] == "controller_back")
+    # from the cut query to the first one answered again
+    assert outage_s - timeout_s - 1.0 < back["details"]["outage_s"] < outage_s + 10.0, back
+    assert kinds.count("launch") == 1, kinds
     steps = [e["step"] for e in r.events("c") if e["event"] == "step"]
     assert steps == list(range(1, 61))  # never restarted: no step run twice, none lost

@@ -7,10 +7,27 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+
 from arena_opt.errors import InputError
 from arena_opt.slurm.jsonfmt import SlurmJob, SlurmNode, parse_jobs, parse_nodes
 
+# Bound on a command without a fallback (a one-shot CLI read, sbatch): Slurm's own retries end first
+# (a client retries the controller for MessageTimeout, measured 9-18 s at the default 10 s)
 TIMEOUT_S = 60.0
+# the client's words when it never reached slurmctld: nothing was submitted or changed
+NOT_REACHED = "Unable to contact slurm controller (connect failure)"
+
+
+class SlurmOptions(BaseModel):
+    """How long the runner waits for Slurm's commands."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query_timeout_s: PositiveFloat = Field(
+        5.0, description="seconds a guarded Slurm command (scontrol ping, sinfo, squeue, scancel) may take; past "
+                         "it slurmctld counts as away and the runner keeps what Slurm said last (queries take "
+                         "0.01-0.25 s on the test cluster)")
 
 
 class SlurmCommandError(InputError):
@@ -22,8 +39,17 @@ class SlurmCommandError(InputError):
         super().__init__(f"`{' '.join(argv)}` failed: {message}")
 
 
+class SlurmTimeout(SlurmCommandError):
+    """No answer within the caller's timeout: the command was killed, its effect (if any) unknown."""
+
+    def __init__(self, argv: list[str], timeout: float) -> None:
+        self.timeout = timeout
+        super().__init__(argv, f"no answer within {timeout:g} s (is slurmctld up?)")
+
+
 def slurm(*argv: str, input: str | None = None, timeout: float = TIMEOUT_S) -> str:
-    """stdout of a Slurm command; SlurmCommandError (with Slurm's stderr) when it fails."""
+    """stdout of a Slurm command; SlurmCommandError (with Slurm's stderr) when it fails, SlurmTimeout when
+    it does not end within `timeout` seconds."""
     args = list(argv)
     if shutil.which(args[0]) is None:
         raise SlurmCommandError(args, f"{args[0]} not found on PATH (install Slurm's client commands, "
@@ -31,33 +57,36 @@ def slurm(*argv: str, input: str | None = None, timeout: float = TIMEOUT_S) -> s
     try:
         p = subprocess.run(args, capture_output=True, text=True, input=input, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise SlurmCommandError(args, f"no answer within {timeout:.0f} s (is slurmctld up?)") from None
+        raise SlurmTimeout(args, timeout) from None
     if p.returncode != 0:
         msg = (p.stderr.strip() or p.stdout.strip() or f"exit code {p.returncode}").splitlines()
         raise SlurmCommandError(args, "; ".join(msg[-3:]))
     return p.stdout
 
 
-def controller_up() -> bool:
-    """Whether slurmctld answers (`scontrol ping`, which answers at once either way; a query such as
-    squeue waits out MessageTimeout first and, with `--json`, exits 0 with an unspecific error)."""
+def controller_up(timeout: float = TIMEOUT_S) -> bool:
+    """Whether slurmctld answers (`scontrol ping`, which answers at once when the controller is gone; a
+    query such as squeue waits out MessageTimeout first and, with `--json`, exits 0 with an unspecific
+    error). A ping that does not end within `timeout` (a hung controller, a lost network) is a no."""
     try:
-        p = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=TIMEOUT_S)
+        p = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return p.returncode == 0
 
 
-def read_nodes() -> list[SlurmNode]:
+def read_nodes(timeout: float = TIMEOUT_S) -> list[SlurmNode]:
     try:
-        out = slurm("scontrol", "show", "nodes", "--json")
+        out = slurm("scontrol", "show", "nodes", "--json", timeout=timeout)
         return parse_nodes(out, "scontrol show nodes --json")
+    except SlurmTimeout:
+        raise
     except SlurmCommandError as e:
         if "unrecognized option" not in e.slurm_message and "invalid option" not in e.slurm_message:
             raise
     # 22.05 has no `scontrol --json`
-    return parse_nodes(slurm("sinfo", "--json"), "sinfo --json")
+    return parse_nodes(slurm("sinfo", "--json", timeout=timeout), "sinfo --json")
 
 
-def read_jobs() -> list[SlurmJob]:
-    return parse_jobs(slurm("squeue", "--json"), "squeue --json")
+def read_jobs(timeout: float = TIMEOUT_S) -> list[SlurmJob]:
+    return parse_jobs(slurm("squeue", "--json", timeout=timeout), "squeue --json")
