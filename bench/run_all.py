@@ -88,7 +88,7 @@ BENCHES = (
     Bench("solve.json", ("python bench/solve.py --rounds 3",), 150),
     Bench("speed_drift.json", ("python bench/speed_drift.py --seconds 60",), 70),
     Bench("colocation.json", ("python bench/colocation.py",), 190),
-    Bench("slurm_faults.json", ("python bench/slurm_faults.py",), 110),
+    Bench("slurm_faults.json", ("python bench/slurm_faults.py",), 150),
     Bench("runners.json", ("python bench/runners.py --faults-only --out-dir bench/results --ckpt-run-s 70",), 240),
     Bench("estimator_accuracy.json", ("python bench/estimator_accuracy.py",), 630,
           writes=("estimator_accuracy_profiles.json",)),
