@@ -297,7 +297,10 @@ class GridCatalog:
         self._fresh()
         want: dict[tuple, None] = {}
         for job in jobs:
-            self._ahead.add(_workload(job, cl, max_gpus_default))
+            wk = _workload(job, cl, max_gpus_default)
+            if wk in self._ahead:  # a job of a workload already here: the same shapes
+                continue
+            self._ahead.add(wk)
             for pool, spec, shapes in _shapes(job, cl, max_gpus_default):
                 for shape in shapes:
                     key = (job.arch, job.batch_size, spec, pool.intra_link, shape)
@@ -442,14 +445,9 @@ def price(plans: GridPlans, band: BandModel, family: str, num_gpus: int, caution
     """Every plan with its error band and its time set to the band's `caution` quantile: the one place
     grid times become conservative. The proxy is the fastest plan at that price (the band can move it
     off a plan whose micro-batch count was never measured)."""
-    by_m: dict[int, list[int]] = {}  # the band's factors are one lookup per micro-batch count
-    for i, r in enumerate(plans.pareto):
-        by_m.setdefault(r.plan.num_microbatches, []).append(i)
-    priced: list = [None] * len(plans.pareto)  # in the Pareto set's order (the sort below is stable)
-    for m, at in by_m.items():
-        for i, b in zip(at, band.bands([plans.pareto[i].iter_time_s for i in at], family, num_gpus, m, caution)):
-            r = plans.pareto[i]
-            priced[i] = PlanResult(r.plan, b.decided_s, r.mem_gib, r.batch_size, b)
+    bands = band.bands([r.iter_time_s for r in plans.pareto], family, num_gpus,
+                       [r.plan.num_microbatches for r in plans.pareto], caution)
+    priced = [PlanResult(r.plan, b.decided_s, r.mem_gib, r.batch_size, b) for r, b in zip(plans.pareto, bands)]
     priced.sort(key=lambda r: (r.iter_time_s, r.mem_gib))
     pareto, best_mem = [], float("inf")
     for r in priced:

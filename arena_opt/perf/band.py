@@ -223,22 +223,26 @@ class BandModel(BaseModel):
              caution: float | None = None) -> Band:
         """The band of an estimate of `nominal_s` seconds; `caution` (a quantile, e.g. 0.9) sets
         `decided_s`, None decides on the nominal estimate."""
-        return self.bands([nominal_s], family, num_gpus, microbatches, caution)[0]
+        return self.bands([nominal_s], family, num_gpus, [microbatches], caution)[0]
 
-    def bands(self, nominals_s, family: str, num_gpus: int, microbatches: int,
-              caution: float | None = None) -> list[Band]:
-        """`band` of several estimates of one configuration (its factors looked up once)."""
+    def bands(self, nominals_s, family: str, num_gpus: int, microbatches, caution: float | None = None
+              ) -> list[Band]:
+        """`band` of several estimates of one family and GPU count (`microbatches` one per estimate), the
+        model's caches read once (a private attribute of a pydantic model is a slow lookup)."""
         # every edge is nominal_s times a factor of the configuration: the factors are kept (a cold plan
         # prices thousands of plans of a few configurations)
-        key = (family, num_gpus, microbatches, caution, self.level, self.widen_lo, self.widen_hi)
         memo = self._cache.setdefault("factors", {})
-        f = memo.get(key)
-        if f is None:
-            f = memo[key] = self._factors(family, num_gpus, microbatches, caution)
-        name, n, d, outside, lo, hi, dec = f
-        level = self.level
-        return [Band(nominal_s=t, lo_s=t * lo, hi_s=t * hi, decided_s=t if dec is None else t * dec, level=level,
-                     caution=caution, group=name, n=n, octaves=d, outside=outside) for t in nominals_s]
+        level, widen = self.level, (self.widen_lo, self.widen_hi)
+        out = []
+        for t, m in zip(nominals_s, microbatches):
+            key = (family, num_gpus, m, caution, level, *widen)
+            f = memo.get(key)
+            if f is None:
+                f = memo[key] = self._factors(family, num_gpus, m, caution)
+            name, n, d, outside, lo, hi, dec = f
+            out.append(Band(nominal_s=t, lo_s=t * lo, hi_s=t * hi, decided_s=t if dec is None else t * dec,
+                            level=level, caution=caution, group=name, n=n, octaves=d, outside=outside))
+        return out
 
     def _factors(self, family: str, num_gpus: int, microbatches: int, caution: float | None) -> tuple:
         """(group, residuals in it, octaves, outside, lower edge, upper edge, decided time) of a band, the

@@ -9,6 +9,7 @@ and the (time, memory) Pareto front is kept for the runners.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -59,9 +60,18 @@ def _pow2_upto(n: int) -> list[int]:
 
 def tp_degrees(arch: Arch, gpus_per_node: int, per_stage: int) -> list[int]:
     """tp stays inside a node, divides the stage's GPUs and the sharded dimension."""
-    split_dim = arch.heads if arch.family != "wide_resnet" else arch.base_channels
-    return [t for t in _pow2_upto(min(gpus_per_node, 8, per_stage))
-            if per_stage % t == 0 and gpus_per_node % t == 0 and split_dim % t == 0]
+    return list(_tp_degrees(_split_dim(arch), gpus_per_node, per_stage))
+
+
+def _split_dim(arch: Arch) -> int:
+    """The dimension tensor parallelism shards."""
+    return arch.heads if arch.family != "wide_resnet" else arch.base_channels
+
+
+@functools.lru_cache(maxsize=4096)
+def _tp_degrees(split_dim: int, gpus_per_node: int, per_stage: int) -> tuple[int, ...]:
+    return tuple(t for t in _pow2_upto(min(gpus_per_node, 8, per_stage))
+                 if per_stage % t == 0 and gpus_per_node % t == 0 and split_dim % t == 0)
 
 
 def why_no_plan(arch: Arch, batch: int, n_gpus: int, gpus_per_node: int, pp: int, layers: int) -> str:
@@ -78,6 +88,11 @@ def why_no_plan(arch: Arch, batch: int, n_gpus: int, gpus_per_node: int, pp: int
         dps = ", ".join(str(dp) for _, dp in splits)
         return f"batch {batch} does not split into dp {dps} replicas of at least {pp} micro-batches"
     return "no plan fits in memory"
+
+
+@functools.lru_cache(maxsize=4096)
+def _microbatch_counts(per_replica_batch: int, pp: int) -> tuple[int, ...]:
+    return tuple(microbatch_counts(per_replica_batch, pp))
 
 
 def microbatch_counts(per_replica_batch: int, pp: int) -> list[int]:
@@ -216,35 +231,40 @@ class Planner:
         planner's time, and each candidate's split is independent of the others in its stack.
         Recomputation only pays when the plain plan does not fit, so only the candidates without a plain
         split are tried with it."""
-        cand = []  # (grid, tp, dp, m), by grid, then tp, then m: the tie-break of equal plans
+        cand = ([], [], [], [])  # grid, tp, dp, m; by grid, then tp, then m: the tie-break of equal plans
         groups: dict[tuple, int] = {}  # (model, GPU name, GPU, link) -> its cost group
         group_of = np.zeros(len(grids), dtype=int)
-        layers: dict[Arch, int] = {}  # per model (hashing a model is not free: once per grid is enough)
-        shapes: dict[tuple, list] = {}  # (model, GPUs per node, GPUs, pp, batch) -> its (tp, dp, m) candidates
+        # per model object (hashing a model is not free): its layers and the dimension tp shards
+        models: dict[int, tuple[int, int]] = {}
+        shapes: dict[tuple, tuple] = {}  # (sharded dim, GPUs per node, GPUs, pp, batch) -> (tp, dp, m) lists
         for g, (arch, batch, gpu_name, gpu, intra_link, nodes, gpn, pp) in enumerate(grids):
             n_gpus = nodes * gpn
-            n_layers = layers.get(arch)
-            if n_layers is None:
-                n_layers = layers[arch] = cost_table(arch, self.params).num_layers
+            model = models.get(id(arch))
+            if model is None:
+                model = models[id(arch)] = (cost_table(arch, self.params).num_layers, _split_dim(arch))
+            n_layers, split_dim = model
             if n_gpus % pp or pp > n_layers:
                 continue
             group_of[g] = groups.setdefault((arch, gpu_name, gpu, intra_link), len(groups))
-            key = (arch, gpn, n_gpus, pp, batch)
+            key = (split_dim, gpn, n_gpus, pp, batch)
             tdm = shapes.get(key)
             if tdm is None:
-                tdm = shapes[key] = [(tp, dp, m) for tp in tp_degrees(arch, gpn, n_gpus // pp)
-                                     if batch % (dp := n_gpus // (pp * tp)) == 0
-                                     for m in microbatch_counts(batch // dp, pp)]
-            cand.extend((g, tp, dp, m) for tp, dp, m in tdm)
+                tdm = shapes[key] = tuple(map(list, zip(*(
+                    (tp, dp, m) for tp in _tp_degrees(split_dim, gpn, n_gpus // pp)
+                    if batch % (dp := n_gpus // (pp * tp)) == 0 for m in _microbatch_counts(batch // dp, pp))))) \
+                    or ([], [], [])
+            cand[0].extend([g] * len(tdm[0]))
+            for col, x in zip(cand[1:], tdm):
+                col.extend(x)
         out = [GridPlans(None)] * len(grids)
-        if not cand:
+        if not cand[0]:
             return out
-        g, tp, dp, m = (np.array(x) for x in zip(*cand))
+        g, tp, dp, m = (np.array(x) for x in cand)
         shape = {k: np.array([x[i] for x in grids]) for k, i in (("batch", 1), ("nodes", 5), ("gpn", 6), ("pp", 7))}
         caps = np.array([self.mem_cap_bytes(x[3]) for x in grids])
-        plain = self._split_rows(list(groups), group_of, shape, caps, (g, tp, dp, m), np.arange(len(cand)), False)
-        ok = np.zeros(len(cand), dtype=bool)
-        hopeless = np.zeros(len(cand), dtype=bool)
+        plain = self._split_rows(list(groups), group_of, shape, caps, (g, tp, dp, m), np.arange(len(g)), False)
+        ok = np.zeros(len(g), dtype=bool)
+        hopeless = np.zeros(len(g), dtype=bool)
         for sp, rows, lc in plain:
             ok[rows] = sp.feasible
             # recomputation changes activations only: where the weights, gradients and optimizer state
