@@ -79,6 +79,16 @@ def test_bands_of_one_configuration_scale_with_the_estimate():
     assert wider.band(1.0, "bert", 4, 64).hi_s > model.band(1.0, "bert", 4, 64).hi_s
 
 
+def test_bands_of_many_estimates_are_each_ones_band():
+    """`bands` (one family and GPU count, a micro-batch count per estimate: what pricing a grid's Pareto set
+    asks) gives each estimate the band `band` gives it on a fresh model, bit for bit."""
+    model = BandModel.build(_rows())
+    nominals, counts = [1.0, 2.5, 0.37, 1234.5, 2.5], [64, 16, 1, 64, 8]
+    for family, gpus, caution in (("bert", 4, 0.9), ("moe", 16, None), ("gpt", 2, 0.2)):
+        got = model.bands(nominals, family, gpus, counts, caution)
+        assert got == [BandModel.build(_rows()).band(t, family, gpus, m, caution) for t, m in zip(nominals, counts)]
+
+
 def _held_out_coverage(rows: list[ResidualRow], level: float = 0.8) -> float:
     """Share of each type's reference residuals inside the bands of a model built without that type."""
     inside = n = 0
