@@ -171,3 +171,14 @@ def test_no_second_launch_while_an_earlier_one_lives_in_the_jobs_directory(fake,
         assert "still alive" in (j.message or "")
     finally:
         r.shutdown(save=False)
+
+
+def test_query_timeout_flag_reads_its_default_from_the_options_and_refuses_a_non_positive_value(capsys, monkeypatch):
+    from arena_opt.cli import main
+
+    monkeypatch.setattr(SlurmOptions.model_fields["query_timeout_s"], "default", 7.25)
+    assert main(["run", "-h"]) == 0
+    assert "(default 7.25)" in " ".join(capsys.readouterr().out.split())
+    rc = main(["run", "--backend", "slurm", "--slurm-query-timeout", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--slurm-query-timeout" in err and "Traceback" not in err, err
