@@ -186,7 +186,7 @@ def job_terms(snapshot: ClusterSnapshot, stats: JobStats, opts: ArenaOptions) ->
     rem_samples = np.array([j.remaining_iterations * j.batch_size for j in jobs], dtype=float)
     base = job_priority(snapshot, stats.best, rem_samples, opts)
     need, dweight = deadline_targets(snapshot, stats.best, rem_samples, base, opts)
-    gneed, gweight = makespan_targets(jobs, stats, rem_samples, base, pools(snapshot), opts)
+    gneed, gweight = makespan_targets(jobs, stats, rem_samples, base, sum(n.num_gpus for n in snapshot.nodes), opts)
     return JobTerms(stats, rem_samples, base, need, dweight, gneed, gweight)
 
 
@@ -200,8 +200,9 @@ def build_problem(snapshot: ClusterSnapshot, grids: dict[str, list[Grid]], opts:
         terms = job_terms(snapshot, g.stats(len(jobs)), opts)
     value = grid_values(jobs, g, terms, opts)
     pinfo = pool_occupancy(snapshot, pools(snapshot))
-    totals = pool_totals(snapshot)
-    reasons = {j.id: no_grid_reason(j, snapshot, totals) for j, has in zip(jobs, terms.stats.has_grids) if not has}
+    without = [j for j, has in zip(jobs, terms.stats.has_grids) if not has]
+    totals = pool_totals(snapshot) if without else None
+    reasons = {j.id: no_grid_reason(j, snapshot, totals) for j in without}
     return ClusterProblem(
         job_ids=[j.id for j in jobs], grids=g.flat, job_of=g.job_of, value=value, units=g.units,
         pool_of=[x.pool for x in g.flat], current=g.current, throughput=g.tput, pools=pinfo,
@@ -361,13 +362,12 @@ def deadline_targets(snapshot: ClusterSnapshot, best: np.ndarray, rem_samples: n
     return need, weight
 
 
-def makespan_targets(jobs, stats: JobStats, rem_samples: np.ndarray, base: np.ndarray, pool_map: dict,
+def makespan_targets(jobs, stats: JobStats, rem_samples: np.ndarray, base: np.ndarray, total_gpus: int,
                      opts: ArenaOptions) -> tuple[np.ndarray, np.ndarray]:
     """Per job: the makespan guard's need (its fastest grid's throughput, for `critical_jobs`) and weight."""
     n = len(jobs)
     need, weight = np.zeros(n), np.zeros(n)
     if opts.makespan_guard and stats.has_grids.any():
-        total_gpus = sum(p.num_gpus for p in pool_map.values())
         crit = _critical(stats.gpu_s, rem_samples, stats.best, total_gpus, opts.horizon_s)
         need[crit] = stats.best[crit]
         weight[crit] = opts.makespan_weight * float(base.max()) * np.array([j.weight for j in jobs])[crit]
@@ -386,6 +386,6 @@ def pool_occupancy(snapshot: ClusterSnapshot, pool_map: dict) -> dict[tuple, Poo
         if j.running:
             for nid, gs in j.running.placement.items():
                 pinfo[node_pool[nid]].occupied.setdefault(nid, []).append((i, len(gs)))
-    for key, p in pool_map.items():
-        pinfo[key].empty_nodes = sum(1 for nid in p.node_ids if nid not in pinfo[key].occupied)
+    for key, p in pool_map.items():  # the occupied nodes are the pool's own
+        pinfo[key].empty_nodes = len(p.node_ids) - len(pinfo[key].occupied)
     return pinfo
