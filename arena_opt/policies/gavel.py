@@ -23,6 +23,7 @@ class GavelPolicy(PackedPolicy):
     def __init__(self, options: GavelOptions | dict | None = None, estimator=None):
         super().__init__(options, estimator)
         self.max_migrations = self.options.max_migrations
+        self._offers: dict[str, tuple] = {}  # running job id -> (its options, its running grid, its offer)
 
     def _cands(self, job, n: int | None) -> list[Grid]:
         """The job's grids at count n, fastest type first."""
@@ -38,10 +39,17 @@ class GavelPolicy(PackedPolicy):
     def plan(self, snapshot):
         pack, current, held = self.start_state(snapshot)
         start = pack.mark()
+        if len(self._offers) > 2 * len(snapshot.jobs):  # finished jobs' offers
+            ids = {j.id for j in snapshot.jobs}
+            self._offers = {j: v for j, v in self._offers.items() if j in ids}
 
         # admission: submission order, tentatively placed on the fastest type where the count fits
         def offers(job, cur):
             opts = self.grid_options(job)
+            # the same options object and running grid give the same offer: a running job's is kept
+            hit = self._offers.get(job.id) if cur is not None else None
+            if hit is not None and hit[0] is opts and hit[1] is cur:
+                return hit[2]
             n = self._count(job, cur, opts)
             cands = self._cands(job, n)
             if cur is not None:
@@ -50,6 +58,7 @@ class GavelPolicy(PackedPolicy):
                 # (newcomers only take free GPUs) and the migration cap make rare
                 cands = [cur] + [g for g in cands if g.shape.gpu_type != cur.shape.gpu_type
                                  and g.throughput > cur.throughput]
+                self._offers[job.id] = (opts, cur, (cands, cands, ("", f"{n} GPUs of no type are free")))
             if not cands:
                 why = self.no_grid(job) if not opts else "no feasible grid at its GPU count"
                 return cands, cands, (why, "")
