@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,17 +55,27 @@ def sched_times() -> tuple[float, float, float] | None:
     blocked on a collective or a barrier is not in it. Only the calling thread's: it does all the
     compute (one intra-op thread; autograd runs the CPU backward on the caller), while the process's
     helper threads (gloo's) wake and wait in ways that say nothing about the step's critical path."""
-    run = 0
+    # one read per thread, the caller's among them: read apart, the caller's line and its term in the sum
+    # were taken milliseconds apart on a loaded host, and the sum's delta came out 3 ms below the caller's
+    # own (CI, session 9)
+    me = str(threading.get_native_id())
+    run, own, wait = 0, None, 0
     try:
-        with open("/proc/thread-self/schedstat") as f:
-            own, wait = (int(x) for x in f.read().split()[:2])
         for tid in os.listdir("/proc/self/task"):
             try:
                 with open(f"/proc/self/task/{tid}/schedstat") as f:
-                    run += int(f.read().split()[0])
+                    fields = f.read().split()
+                ran, waited = int(fields[0]), int(fields[1])
             except (OSError, ValueError, IndexError):
+                if tid == me:
+                    return None
                 continue  # a thread that ended between the listing and the read
-    except (OSError, ValueError, IndexError):
+            run += ran
+            if tid == me:
+                own, wait = ran, waited
+    except OSError:
+        return None
+    if own is None:
         return None
     return run / 1e9, own / 1e9, wait / 1e9
 
