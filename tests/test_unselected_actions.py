@@ -1,5 +1,5 @@
-"""build_decision writes an unselected job's action without calling action_for (a big round's hot path): the
-two must say the same for every job."""
+"""build_decision writes an unselected job's action with action_without_grid, not through action_for (a big
+round's hot path): the two must say the same for every job."""
 from pathlib import Path
 
 from arena_opt.decision import SolverStats

@@ -84,9 +84,13 @@ class GridPolicy(Policy):
         raise NotImplementedError(f"policy {self.name}: neither choose() nor decide_usable() is implemented")
 
 
+def action_without_grid(job: Job) -> str:
+    return "preempt" if job.running else "wait"
+
+
 def action_for(job: Job, grid: Grid | None, placement: dict[str, list[int]] | None) -> str:
     if grid is None:
-        return "preempt" if job.running else "wait"
+        return action_without_grid(job)
     if job.running is None:
         return "start"
     if grid.current:
@@ -115,8 +119,8 @@ def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Gri
     unselected = "not selected: higher-value jobs use the capacity"
     for job in snapshot.jobs:
         g = chosen.get(job.id)
-        if g is None:  # most jobs of a big round (action_for's answer without the call)
-            out.append(JobDecision(job_id=job.id, action="preempt" if job.running else "wait",
+        if g is None:  # most jobs of a big round: the short rule, without action_for's arguments
+            out.append(JobDecision(job_id=job.id, action=action_without_grid(job),
                                    reason=reasons.get(job.id, unselected)))
             continue
         pl = placements.get(job.id)
