@@ -9,7 +9,7 @@ import pytest
 from arena_opt.feasibility import check_decision
 from arena_opt.grids import enumerate_grids
 from arena_opt.milp.greedy import greedy_start
-from arena_opt.milp.local import Packing, improve
+from arena_opt.milp.local import Packing, _Moves, improve
 from arena_opt.milp.options import ArenaOptions
 from arena_opt.milp.problem import build_problem
 from arena_opt.policies.arena import ArenaPolicy
@@ -89,3 +89,39 @@ def test_round_past_highs_max_grids_decides_without_highs():
     best = max(p.objective(s) for s in all_selections(p) if p.feasible(s))
     assert d.stats.status == "not_run" and d.stats.fallback and "highs_max_grids" in d.stats.note
     assert d.stats.objective == pytest.approx(best, rel=1e-9, abs=1e-9)
+
+
+def _grouped(mask, dkey, dg):
+    """The pattern grouping by definition: moves sorted by key, then gain change descending, then index."""
+    idx = np.flatnonzero(mask)
+    order = idx[np.lexsort((-dg[idx], dkey[idx]))]
+    starts = np.flatnonzero(np.r_[True, dkey[order][1:] != dkey[order][:-1]])
+    return order[starts], np.split(order, starts[1:]), dg[order[starts]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_moves_kept_across_rounds_equal_moves_recomputed(seed):
+    """improve's move state, updated for the jobs that moved only, equals the state made afresh for the new
+    options, and its pattern grouping is the sorted one; gains are small integers, so ties are everywhere."""
+    rng = np.random.default_rng(seed)
+    jobs, n, t = 40, 200, 5
+    job_of = np.sort(rng.integers(0, jobs, n))
+    vec = np.r_[rng.integers(0, 3, (n, t)).astype(float), np.zeros((1, t))]
+    gain = np.r_[rng.integers(0, 4, n).astype(float), 0.0]
+    vkey = vec.astype(np.int64) @ rng.integers(1, 1 << 40, t)
+    m_job = np.r_[job_of, np.arange(jobs)]
+    m_to = np.r_[np.arange(n), np.full(jobs, n)]
+    at = np.full(jobs, n, dtype=np.int64)
+    kept = _Moves(vec, gain, vkey, m_job, m_to, at)
+    for _ in range(15):
+        moved = rng.choice(jobs, size=rng.integers(1, 8), replace=False)
+        for j in moved:
+            at[j] = rng.choice(np.r_[np.flatnonzero(job_of == j), n])
+        kept.moved(np.sort(moved), at)
+        fresh = _Moves(vec, gain, vkey, m_job, m_to, at)
+        for name in ("live", "dg", "dv", "dkey", "frees", "order"):
+            assert np.array_equal(getattr(kept, name), getattr(fresh, name)), name
+        mask = rng.random(len(m_job)) < 0.7
+        got, want = kept.patterns(mask), _grouped(mask, fresh.dkey, fresh.dg)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[2], want[2])
+        assert len(got[1]) == len(want[1]) and all(np.array_equal(a, b) for a, b in zip(got[1], want[1]))
