@@ -1,4 +1,5 @@
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -112,6 +113,27 @@ def test_plan_cache_round_trip(tmp_path):
     c.load_cache(tmp_path / "plans.json")
     assert c._disk == {}
 
+
+
+def test_plan_cache_round_trip_of_plans_shared_across_grids(tmp_path):
+    """One plan_many pass shares a Plan object between grids (and save_cache dumps each object once): every
+    grid's Pareto set comes back equal, and the file holds each entry's own plan."""
+    arch = get_arch("bert-1.3B")
+    # the same shapes on two GPU types: the same plans often win on both
+    keys = [(arch, 128, name, BUILTIN_GPUS[name], "nvlink", nodes, gpn, pp) for name in ("a100-80gb", "a40")
+            for nodes, gpn in ((1, 4), (2, 4), (1, 2)) for pp in (1, 2)]
+    a = Planner()
+    fresh = a.plan_many(keys)
+    plans = [r.plan for gp in fresh for r in gp.pareto]
+    assert len({id(p) for p in plans}) < len(plans)  # some Plan object is shared: the memo is exercised
+    a.save_cache(tmp_path / "plans.json")
+    b = Planner()
+    b.load_cache(tmp_path / "plans.json")
+    assert b.plan_many(keys) == fresh
+    stored = json.loads((tmp_path / "plans.json").read_text())["plans"]
+    for key, gp in zip(keys, fresh):
+        as_json = [json.loads(json.dumps(r.plan.model_dump())) for r in gp.pareto]
+        assert [e[0] for e in stored[a._disk_key(key)]] == as_json
 
 # --- the stacked stage-split DP (compose.split_many) and stacked cost terms against references: brute
 # force, the plain full-matrix DP (its tie-break), scalar layer_terms, the former one-candidate planner loop

@@ -168,8 +168,9 @@ class Planner:
         if not self._disk_dirty:
             return
 
+        dumped: dict[int, dict] = {}  # id(Plan) -> its dump: grids share Plan objects (_plan_all's `made`)
         atomic_write(path, json.dumps({"version": _code_version(), "params": self._params_key(),
-                                       "plans": {k: _stored(v) for k, v in self._disk.items()}}))
+                                       "plans": {k: _stored(v, dumped) for k, v in self._disk.items()}}))
         self._disk_dirty = False
 
     def _params_key(self) -> str:
@@ -358,7 +359,8 @@ class Planner:
         (splits, the candidates they are of, their costs) triples."""
         g, tp, dp, m = cols
         grp = group_of[g[rows]]
-        by_layers: dict[int, list[tuple[LayerCosts, np.ndarray]]] = {}
+        by_layers: dict[tuple[int, int], list[tuple[LayerCosts, np.ndarray]]] = {}
+        first_seen: dict[int, int] = {}  # layer count -> its order of appearance (the order of the stacks)
         for k in np.unique(grp).tolist():
             cs = rows[grp == k]
             arch, gpu_name, gpu, intra_link = groups[k]
@@ -374,25 +376,34 @@ class Planner:
                                               tp=int(tp[c]), m=int(m[c]), recompute=rc) for i, c in enumerate(cs)]
                 if any(r is not None for r in measured):
                     lc = stack([r if r is not None else take(lc, i) for i, r in enumerate(measured)])
-            # models of one layer count share a stack: each candidate's split is its own, and numpy's cost
-            # per call, not the arithmetic, is most of split_many's time
-            by_layers.setdefault(lc.num_layers, []).append((lc, cs))
-        out = []
-        for parts in by_layers.values():
-            cs = np.concatenate([c for _, c in parts])
-            lc = stack([lc for lc, _ in parts])
+            # models of one layer count share a stack per pipeline depth: each candidate's split is its own,
+            # and numpy's cost per call, not the arithmetic, is most of split_many's time. Each group's
+            # rows are cut by depth first, so a stack is one copy of its rows (not a stack, then a take)
+            first_seen.setdefault(lc.num_layers, len(first_seen))
             pp = shape["pp"][g[cs]]
             for p in np.unique(pp).tolist():
                 at = np.flatnonzero(pp == p)
-                part = take(lc, at)
-                out.append((split_many(part, p, m[cs[at]], caps[g[cs[at]]]), cs[at], part))
+                by_layers.setdefault((lc.num_layers, p), []).append((take(lc, at), cs[at]))
+        out = []
+        for (_, p), parts in sorted(by_layers.items(), key=lambda kv: (first_seen[kv[0][0]], kv[0][1])):
+            cs = np.concatenate([c for _, c in parts])
+            part = stack([lc for lc, _ in parts])
+            out.append((split_many(part, p, m[cs], caps[g[cs]]), cs, part))
         return out
 
 
-def _stored(plans: list | GridPlans) -> list:
-    """A disk-cache entry: [(plan, time, memory)] of the Pareto set."""
+def _stored(plans: list | GridPlans, dumped: dict[int, dict]) -> list:
+    """A disk-cache entry: [(plan, time, memory)] of the Pareto set; `dumped` keeps each Plan's dump by
+    object (the plans are alive for the whole save, so no id is reused): a cold large round dumps 10,700
+    Pareto entries of a few thousand distinct plans, and the dumps were half of the save's CPU."""
     if isinstance(plans, GridPlans):
-        return [(r.plan.model_dump(), r.iter_time_s, r.mem_gib) for r in plans.pareto]
+        out = []
+        for r in plans.pareto:
+            d = dumped.get(id(r.plan))
+            if d is None:
+                d = dumped[id(r.plan)] = r.plan.model_dump()
+            out.append((d, r.iter_time_s, r.mem_gib))
+        return out
     return plans
 
 
