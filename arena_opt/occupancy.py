@@ -164,6 +164,17 @@ class _Pool:
             f = self.first_of[rack] = min(stamp[i] for i in self.whole[rack])
         return f
 
+    def copy(self) -> "_Pool":
+        """The same free counts, stamps and whole nodes (the tie-order cache starts empty: it is a
+        function of them)."""
+        new = object.__new__(_Pool)
+        new.ids, new.g, new.rack, new.total = self.ids, self.g, self.rack, self.total
+        new.count, new.stamp = list(self.count), list(self.stamp)
+        new.bucket = [set(b) for b in self.bucket]
+        new.whole = {r: set(s) for r, s in self.whole.items()}
+        new.first_of = {}
+        return new
+
     def first(self, positions) -> int:
         return min(positions, key=self.stamp.__getitem__)
 
@@ -198,6 +209,19 @@ class Occupancy:
         for jid, pl, grid in held:
             occ.occupy(jid, pl, grid)
         return occ
+
+    def _copy(self, contention: Contention | None) -> "Occupancy":
+        """A fresh round's occupancy with this one's free GPUs: clock and journal new, `where` and
+        `grid_of` left for the caller to fill."""
+        new = object.__new__(Occupancy)
+        new.layout, new.contention = self.layout, contention
+        new._clock = count(len(self.layout.where))
+        new.pool = {k: p.copy() for k, p in self.pool.items()}
+        new._free = {n: list(f) for n, f in self._free.items()}
+        new.where, new.grid_of = {}, {}
+        new._jobs_on = {n: set(s) for n, s in self._jobs_on.items() if s}
+        new._journal = None
+        return new
 
     # ---- reading --------------------------------------------------------------------------------
     def gpus_free(self, nid: str) -> list[int]:
@@ -431,3 +455,44 @@ def _cheapest_ties(order: list[str], k: int, by_rack: dict[str, list[str]], rack
     if end <= taken:
         return order
     return order[:first] + sorted(order[first:end], key=rack_cost) + order[end:]
+
+
+class HeldOccupancy:
+    """`Occupancy.of(snapshot, held, contention)` for a scheduler's every round, kept between rounds: one
+    occupancy of the jobs held last round is brought up to date by the jobs that went, came or moved
+    (most of a round's running jobs stay where they are), then copied for the round. The copy is the
+    state `Occupancy.of` builds: the same free GPUs per node, the nodes' stamps untouched by holding
+    (`occupy` does not count as a change), `where`, `grid_of` and the contention's registrations in
+    `held`'s order. Which set a node position or rack sits in matters; the order inside a set does not
+    (every choice among them is by unique stamp or id)."""
+
+    def __init__(self):
+        self._base: Occupancy | None = None
+
+    def of(self, snapshot: ClusterSnapshot, held: Iterable[tuple[str, Placement, Grid | None]] = (),
+           contention: Contention | None = None) -> Occupancy:
+        layout = Layout.of(snapshot)
+        base = self._base
+        if base is None or base.layout is not layout:
+            base = self._base = Occupancy(layout)
+        held = list(held)
+        now = {jid: pl for jid, pl, _ in held}
+        if len(now) != len(held):
+            raise ValueError("a job is held twice")
+        try:
+            gone = [jid for jid, pl in base.where.items() if now.get(jid) != pl]
+            for jid in gone:  # all releases first: a job's GPUs may be another's now
+                base._apply(jid, base.where[jid], None, +1, False)
+            for jid, pl, _ in held:
+                if jid not in base.where:
+                    base._apply(jid, pl, None, -1, False)
+        except Exception:
+            self._base = None  # half updated (e.g. a GPU held twice): the next round starts over
+            raise
+        occ = base._copy(contention)
+        for jid, pl, grid in held:
+            occ.where[jid] = pl
+            occ.grid_of[jid] = grid
+            if contention is not None and grid is not None:
+                contention.add(jid, grid, pl)
+        return occ

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from arena_opt.contention import Contention
 from arena_opt.grids import Grid
-from arena_opt.occupancy import Occupancy
+from arena_opt.occupancy import HeldOccupancy, Occupancy
 from arena_opt.snapshot import ClusterSnapshot
 
 
@@ -18,12 +18,13 @@ class PlacementError(RuntimeError):
     pass
 
 
-def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid], contention: Contention | None = None
-          ) -> dict[str, dict[str, list[int]]]:
+def place(snapshot: ClusterSnapshot, chosen: dict[str, Grid], contention: Contention | None = None,
+          held: HeldOccupancy | None = None) -> dict[str, dict[str, list[int]]]:
+    """`held`: the caller's occupancy of the kept jobs from its last round (the same placement, faster)."""
     jobs = {j.id: j for j in snapshot.jobs}
     kept = [(jid, {nid: sorted(gs) for nid, gs in jobs[jid].running.placement.items()}, g)
             for jid, g in chosen.items() if g.current]
-    occ = Occupancy.of(snapshot, kept, contention)
+    occ = Occupancy.of(snapshot, kept, contention) if held is None else held.of(snapshot, kept, contention)
     todo = [(jid, g) for jid, g in chosen.items() if not g.current]
     todo.sort(key=lambda x: (not x[1].multi_node, -x[1].num_gpus, x[0]))
     for jid, g in todo:

@@ -12,7 +12,7 @@ from arena_opt.grids import Grid
 from arena_opt.health import health_view
 from arena_opt.linkloads import CommShares, LinkLoads
 from arena_opt.milp.options import PolicyOptions
-from arena_opt.occupancy import rack_map
+from arena_opt.occupancy import HeldOccupancy, rack_map
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.placement import place
 from arena_opt.snapshot import ClusterSnapshot, Job
@@ -44,6 +44,7 @@ class GridPolicy(Policy):
     def __init__(self, options: PolicyOptions | dict | None = None, estimator: PerfEstimator | None = None):
         super().__init__(options, estimator)
         self._comm_shares: CommShares | None = None  # plans' link shares, kept across rounds
+        self._held = HeldOccupancy()  # the running jobs' occupancy, brought from round to round
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
         """The decision for `snapshot`, node and GPU health applied (arena_opt/health.py): `decide_usable`
@@ -58,7 +59,7 @@ class GridPolicy(Policy):
         chosen, reasons, stats = self.choose(snapshot)
         t1 = time.perf_counter()
         contention = self.contention(snapshot)
-        placements = place(snapshot, chosen, contention)
+        placements = place(snapshot, chosen, contention, self._held)
         slow = None if contention is None else contention.slowdowns()
         t2 = time.perf_counter()
         stats.total_s = t2 - t0

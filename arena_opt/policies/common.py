@@ -86,8 +86,8 @@ class PackedPolicy(GridPolicy):
                 continue
             chosen[j.id] = g
             placements[j.id] = {nid: sorted(gs) for nid, gs in j.running.placement.items()}
-        occ = self._occupancy = Occupancy.of(snapshot, [(j, pl, chosen[j]) for j, pl in placements.items()],
-                                             self.contention(snapshot))
+        occ = self._occupancy = self._held.of(snapshot, [(j, pl, chosen[j]) for j, pl in placements.items()],
+                                              self.contention(snapshot))
         return occ, chosen, placements
 
 
