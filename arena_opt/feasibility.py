@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from arena_opt.decision import Decision
+from arena_opt.decision import RUNNING_ACTIONS, Decision
 from arena_opt.snapshot import ClusterSnapshot
 
 
@@ -11,63 +11,73 @@ class InfeasibleDecision(RuntimeError):
 
 
 def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
+    # a simulator checks every round (thousands of jobs, most waiting or kept): each job's checks read
+    # plain locals, and a node's health is looked at in full only when it is not plainly available
     nodes = {n.id: n for n in snapshot.nodes}
     jobs = {j.id: j for j in snapshot.jobs}
     catalog = snapshot.catalog
     seen: set[str] = set()
     used: dict[tuple[str, int], str] = {}
     for d in decision.jobs:
-        if d.job_id not in jobs:
-            raise InfeasibleDecision(f"decision for unknown job {d.job_id!r}")
-        if d.job_id in seen:
-            raise InfeasibleDecision(f"job {d.job_id!r} has two decisions")
-        seen.add(d.job_id)
-        job = jobs[d.job_id]
-        if not d.runs:
-            if d.placement:
-                raise InfeasibleDecision(f"job {d.job_id!r} is {d.action} but holds GPUs")
+        jid = d.job_id
+        job = jobs.get(jid)
+        if job is None:
+            raise InfeasibleDecision(f"decision for unknown job {jid!r}")
+        if jid in seen:
+            raise InfeasibleDecision(f"job {jid!r} has two decisions")
+        seen.add(jid)
+        placement = d.placement
+        if d.action not in RUNNING_ACTIONS:
+            if placement:
+                raise InfeasibleDecision(f"job {jid!r} is {d.action} but holds GPUs")
             continue
-        if d.plan is None or d.gpu_type is None:
-            raise InfeasibleDecision(f"job {d.job_id!r} runs without a plan or GPU type")
-        if job.allowed_gpu_types and d.gpu_type not in job.allowed_gpu_types:
-            raise InfeasibleDecision(f"job {d.job_id!r} placed on disallowed type {d.gpu_type}")
+        plan, gpu_type = d.plan, d.gpu_type
+        if plan is None or gpu_type is None:
+            raise InfeasibleDecision(f"job {jid!r} runs without a plan or GPU type")
+        if job.allowed_gpu_types and gpu_type not in job.allowed_gpu_types:
+            raise InfeasibleDecision(f"job {jid!r} placed on disallowed type {gpu_type}")
         count = 0
         held = {} if job.running is None else job.running.placement
-        for nid, gpus in d.placement.items():
+        for nid, gpus in placement.items():
             node = nodes.get(nid)
             if node is None:
-                raise InfeasibleDecision(f"job {d.job_id!r} placed on unknown node {nid!r}")
-            _check_health(d.job_id, node, gpus, held.get(nid, []))
-            if node.gpu_type != d.gpu_type:
-                raise InfeasibleDecision(f"job {d.job_id!r}: node {nid} is {node.gpu_type}, not {d.gpu_type}")
+                raise InfeasibleDecision(f"job {jid!r} placed on unknown node {nid!r}")
+            if node.state != "available" or node.unavailable_gpus:
+                _check_health(jid, node, gpus, held.get(nid, []))
+            if node.gpu_type != gpu_type:
+                raise InfeasibleDecision(f"job {jid!r}: node {nid} is {node.gpu_type}, not {gpu_type}")
+            num = node.num_gpus
             for g in gpus:
-                if not 0 <= g < node.num_gpus:
-                    raise InfeasibleDecision(f"job {d.job_id!r}: GPU {nid}:{g} does not exist")
-                if (nid, g) in used:
-                    raise InfeasibleDecision(f"GPU {nid}:{g} given to {used[(nid, g)]!r} and {d.job_id!r}")
-                used[(nid, g)] = d.job_id
-                count += 1
-        if count != d.num_gpus or count != d.plan.num_gpus:
-            raise InfeasibleDecision(f"job {d.job_id!r}: placement holds {count} GPUs, decision says "
-                                     f"{d.num_gpus}, plan needs {d.plan.num_gpus}")
-        if len(d.placement) > 1 and d.placement != held and \
-                any(len(g) != len(nodes[n].usable_gpus()) for n, g in d.placement.items()):
-            raise InfeasibleDecision(f"job {d.job_id!r} spans nodes without taking them whole")
-        if d.plan.uniform and d.plan.tp > 1 and any(len(g) % d.plan.tp for g in d.placement.values()):
-            raise InfeasibleDecision(f"job {d.job_id!r}: tp={d.plan.tp} groups cross nodes")
-        if not d.plan.uniform:
-            why = d.plan.tp_group_error([len(g) for g in d.placement.values()])
+                if not 0 <= g < num:
+                    raise InfeasibleDecision(f"job {jid!r}: GPU {nid}:{g} does not exist")
+                key = (nid, g)
+                other = used.get(key)
+                if other is not None:
+                    raise InfeasibleDecision(f"GPU {nid}:{g} given to {other!r} and {jid!r}")
+                used[key] = jid
+            count += len(gpus)
+        if count != d.num_gpus or count != plan.num_gpus:
+            raise InfeasibleDecision(f"job {jid!r}: placement holds {count} GPUs, decision says "
+                                     f"{d.num_gpus}, plan needs {plan.num_gpus}")
+        if len(placement) > 1 and placement != held and \
+                any(len(g) != len(nodes[n].usable_gpus()) for n, g in placement.items()):
+            raise InfeasibleDecision(f"job {jid!r} spans nodes without taking them whole")
+        if plan.stage_shapes is None:
+            if plan.tp > 1 and any(len(g) % plan.tp for g in placement.values()):
+                raise InfeasibleDecision(f"job {jid!r}: tp={plan.tp} groups cross nodes")
+        else:
+            why = plan.tp_group_error([len(g) for g in placement.values()])
             if why:
-                raise InfeasibleDecision(f"job {d.job_id!r}: plan {d.plan.describe()}: {why}")
-        bad = d.plan.batch_error(job.batch_size)
+                raise InfeasibleDecision(f"job {jid!r}: plan {plan.describe()}: {why}")
+        bad = plan.batch_error(job.batch_size)
         if bad is not None:
-            raise InfeasibleDecision(f"job {d.job_id!r}: plan.{bad[0]}: {bad[1]}")
-        if d.est_mem_per_gpu_gib is not None and d.est_mem_per_gpu_gib > catalog[d.gpu_type].memory_gib + 1e-6:
-            raise InfeasibleDecision(f"job {d.job_id!r}: {d.est_mem_per_gpu_gib:.1f} GiB per GPU exceeds "
-                                     f"{catalog[d.gpu_type].memory_gib} GiB")
-    missing = set(jobs) - seen
-    if missing:
-        raise InfeasibleDecision(f"no decision for jobs {sorted(missing)}")
+            raise InfeasibleDecision(f"job {jid!r}: plan.{bad[0]}: {bad[1]}")
+        mem = d.est_mem_per_gpu_gib
+        if mem is not None and mem > catalog[gpu_type].memory_gib + 1e-6:
+            raise InfeasibleDecision(f"job {jid!r}: {mem:.1f} GiB per GPU exceeds "
+                                     f"{catalog[gpu_type].memory_gib} GiB")
+    if len(seen) != len(jobs):
+        raise InfeasibleDecision(f"no decision for jobs {sorted(set(jobs) - seen)}")
 
 
 def _check_health(job_id: str, node, gpus: list[int], held: list[int]) -> None:

@@ -78,8 +78,11 @@ def health_view(snap: ClusterSnapshot) -> HealthView | None:
     """The view a policy decides on, or None when the snapshot is already one (the common case: no
     copy made)."""
     nodes = {n.id: n for n in snap.nodes}
-    moved = {j.id: why for j in snap.jobs if (why := _why_moved(j, nodes)) is not None}
-    if not moved and all(n.state == "available" and not n.unavailable_gpus for n in snap.nodes):
+    healthy = all(n.state == "available" and not n.unavailable_gpus for n in snap.nodes)
+    # on healthy nodes only a type no longer allowed moves a job: the others' placements need no look
+    moved = {j.id: why for j in snap.jobs if (not healthy or j.allowed_gpu_types) and
+             (why := _why_moved(j, nodes)) is not None}
+    if not moved and healthy:
         return None
     held: dict[str, set[int]] = {}
     for j in snap.jobs:

@@ -93,12 +93,22 @@ class Plan(EdgeModel):
 
     @property
     def num_gpus(self) -> int:
+        if self.stage_shapes is None:  # pp equal stages (read for every job of every round)
+            return self.pp * self.dp * self.tp
         return sum(self.stage_gpus)
 
     def batch_error(self, batch: int) -> tuple[str, str] | None:
         """(field, why) when the global batch does not split into every stage's replicas and each
         replica's share into whole micro-batches; None when it does."""
         m = self.num_microbatches
+        if self.stage_shapes is None:  # every stage the same: the first stage's answer, without the list
+            dp = self.dp
+            if batch % dp:
+                return "dp", f"dp {dp} does not divide batch_size {batch}"
+            if (batch // dp) % m:
+                return "num_microbatches", (f"{m} does not divide the per-replica batch {batch // dp} "
+                                            f"(batch_size {batch} / dp {dp})")
+            return None
         for k, (dp, _) in enumerate(self.shapes):
             of = "" if self.uniform else f" (stage_shapes[{k}])"
             if batch % dp:

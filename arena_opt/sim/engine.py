@@ -213,8 +213,9 @@ class Simulator:
                                         "running": sj.running_state if running else None,
                                         "attained_service_s": sj.rec.gpu_seconds,
                                         "waited_s": sj.rec.waited_until(t)}))
+        # every field given: a default left to model_construct costs an inspect.signature per round
         snap = ClusterSnapshot.model_construct(version=1, time=t, gpu_catalog=self.cluster.gpu_catalog,
-                                               nodes=self.cluster.nodes, jobs=jobs)
+                                               nodes=self.cluster.nodes, jobs=jobs, notes=[])
         w0, c0 = time.perf_counter(), time.process_time()
         decision = self.policy.decide(snap)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
