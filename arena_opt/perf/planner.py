@@ -359,8 +359,7 @@ class Planner:
         (splits, the candidates they are of, their costs) triples."""
         g, tp, dp, m = cols
         grp = group_of[g[rows]]
-        by_layers: dict[tuple[int, int], list[tuple[LayerCosts, np.ndarray]]] = {}
-        first_seen: dict[int, int] = {}  # layer count -> its order of appearance (the order of the stacks)
+        by_layers: dict[int, list[tuple[LayerCosts, np.ndarray]]] = {}
         for k in np.unique(grp).tolist():
             cs = rows[grp == k]
             arch, gpu_name, gpu, intra_link = groups[k]
@@ -376,19 +375,18 @@ class Planner:
                                               tp=int(tp[c]), m=int(m[c]), recompute=rc) for i, c in enumerate(cs)]
                 if any(r is not None for r in measured):
                     lc = stack([r if r is not None else take(lc, i) for i, r in enumerate(measured)])
-            # models of one layer count share a stack per pipeline depth: each candidate's split is its own,
-            # and numpy's cost per call, not the arithmetic, is most of split_many's time. Each group's
-            # rows are cut by depth first, so a stack is one copy of its rows (not a stack, then a take)
-            first_seen.setdefault(lc.num_layers, len(first_seen))
+            # models of one layer count share a stack: each candidate's split is its own, and numpy's cost
+            # per call, not the arithmetic, is most of split_many's time
+            by_layers.setdefault(lc.num_layers, []).append((lc, cs))
+        out = []
+        for parts in by_layers.values():
+            cs = np.concatenate([c for _, c in parts])
+            lc = stack([lc for lc, _ in parts])
             pp = shape["pp"][g[cs]]
             for p in np.unique(pp).tolist():
                 at = np.flatnonzero(pp == p)
-                by_layers.setdefault((lc.num_layers, p), []).append((take(lc, at), cs[at]))
-        out = []
-        for (_, p), parts in sorted(by_layers.items(), key=lambda kv: (first_seen[kv[0][0]], kv[0][1])):
-            cs = np.concatenate([c for _, c in parts])
-            part = stack([lc for lc, _ in parts])
-            out.append((split_many(part, p, m[cs], caps[g[cs]]), cs, part))
+                part = take(lc, at)
+                out.append((split_many(part, p, m[cs[at]], caps[g[cs[at]]]), cs[at], part))
         return out
 
 
