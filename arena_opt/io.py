@@ -92,8 +92,10 @@ def load_model(path: str | Path, cls: type[M]) -> M:
         raise InputError(format_validation_error(path, e)) from None
 
 
-def write_model(obj: BaseModel, path: str | Path) -> None:
-    atomic_write(path, obj.model_dump_json(indent=1, exclude_none=False))
+def write_model(obj: BaseModel, path: str | Path, compact: bool = False) -> None:
+    """`obj` as JSON in `path`: indented one space a level, or on one line where `compact` (the same values,
+    for a file that programs read and that is too big to read by eye)."""
+    atomic_write(path, obj.model_dump_json(indent=None if compact else 1, exclude_none=False))
 
 
 @contextlib.contextmanager

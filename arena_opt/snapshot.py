@@ -179,10 +179,9 @@ class ClusterSnapshot(_Strict):
         nodes = {n.id: n for n in self.nodes}
         used: dict[tuple[str, int], str] = {}
         for i, j in enumerate(self.jobs):
-            for f in ("allowed_gpu_types",):
-                for t in getattr(j, f) or []:
-                    if t not in catalog:
-                        raise ValueError(f"jobs[{i}].{f}: unknown GPU type {t!r}")
+            for t in j.allowed_gpu_types or ():
+                if t not in catalog:
+                    raise ValueError(f"jobs[{i}].allowed_gpu_types: unknown GPU type {t!r}")
             if j.requested_gpu_type is not None and j.requested_gpu_type not in catalog:
                 raise ValueError(f"jobs[{i}].requested_gpu_type: unknown GPU type {j.requested_gpu_type!r}")
             if j.running is None:
@@ -244,6 +243,8 @@ def _check_plan(j: Job, r: RunningState, where: str) -> None:
 
 
 def _unique(ids: list[str], field: str, key: str) -> None:
+    if len(set(ids)) == len(ids):  # the common case, in C; the loop below names the first duplicate
+        return
     seen: set[str] = set()
     for i, x in enumerate(ids):
         if x in seen:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from arena_opt.cli import main
+from arena_opt.cli import COMPACT_DECISION_JOBS, main, write_decision
 from arena_opt.decision import Decision
 from arena_opt.snapshot import ClusterSnapshot
 
@@ -28,6 +28,24 @@ def test_solve_writes_a_decision_that_round_trips(tmp_path, capsys):
     snap = ClusterSnapshot.model_validate_json(SMALL.read_text())
     assert {j.job_id for j in d.jobs} == {j.id for j in snap.jobs}
     assert all(j.reason for j in d.jobs if j.action == "wait")
+
+
+def test_big_decisions_are_written_compact_and_round_trip(tmp_path):
+    """Above COMPACT_DECISION_JOBS jobs the decision file is one line, below it indented; both read back as
+    the same decision, every field (None ones too) and float included."""
+    out = tmp_path / "d.json"
+    assert main(["solve", str(SMALL), "-o", str(out), "--time-limit", "5", "--quiet"]) == 0
+    small = Decision.model_validate_json(out.read_text())
+    assert out.read_text().count("\n") > len(small.jobs)
+    jobs = [j.model_copy(update={"job_id": f"{j.job_id}-{i}"}) for i in range(COMPACT_DECISION_JOBS)
+            for j in small.jobs[:1]]
+    for d, lines in ((small.model_copy(update={"jobs": jobs[:-1]}), COMPACT_DECISION_JOBS),
+                     (small.model_copy(update={"jobs": jobs + small.jobs}), 0)):
+        write_decision(d, out)
+        text = out.read_text()
+        assert (text.count("\n") > lines) if lines else "\n" not in text
+        assert Decision.model_validate_json(text) == d
+        assert json.loads(text) == json.loads(d.model_dump_json())
 
 
 def test_snapshot_round_trip():

@@ -259,7 +259,8 @@ class _GridArrays:
         # whose a grid is comes from the list it is in: waiting jobs of one workload share grid objects,
         # so each distinct list is read once (a few dozen among 150,000 jobs)
         job_of = np.repeat(np.arange(len(jobs), dtype=int), [len(gs) for gs in lists])
-        c = np.concatenate([blocks.of(gs) for gs in lists]) if lists else np.zeros((0, 4))
+        # most jobs of a big round have no grids in the model (left out by the candidate filter)
+        c = np.concatenate([np.zeros((0, 4))] + [blocks.of(gs) for gs in lists if gs])
         return cls(flat, job_of, c[:, 0].copy(), c[:, 1].copy(), c[:, 2] > 0, c[:, 3].astype(int))
 
     def stats(self, num_jobs: int) -> JobStats:
