@@ -30,11 +30,19 @@ files, and the outage and its end are two events. Every query with such a fallba
 query that got past the ping as the controller went waits until it is back (Slurm's client retries for
 MessageTimeout, measured 9-18 s) and would leave the loop blind for the outage. While the controller is
 away a launch is not submitted (LaunchDeferred: no crash counted, tried again at the next decision; an
-sbatch that never reached slurmctld counts the same), and sbatch never gets the short timeout: a submit
-cut short may have been accepted, and a second one would run the job twice. Before a submit, a Slurm job
-still alive in the job's directory defers it too. A scancel the controller did not take is owed: kept,
-recorded (`cancel_owed`) and sent when slurmctld answers again (scancel is idempotent, so a cut one is
-sent again), before any submit.
+sbatch that never reached slurmctld counts the same), and sbatch never gets the short timeout
+(SlurmOptions.submit_timeout_s, 60 s). A submit cut short at that bound may have been accepted: it is
+that generation's launch under its job name (unique to the runner, job and generation), adopted when
+Slurm shows that name, cancelled by that name if a decision replaces it first, given up when Slurm answers
+for SUBMIT_GRACE_S without it (each an `sbatch_unanswered` event). Before a submit, a Slurm job still
+alive in the job's directory defers it too, and at every refresh any live Slurm job there that is not the
+job's launch (a cut submit Slurm took after it was given up) is cancelled: one live Slurm job per job. A
+scancel the controller did not take is owed: kept, recorded (`cancel_owed`) and sent when slurmctld
+answers again (scancel is idempotent, so a cut one is sent again), before any submit; a scancel is sent
+once (Slurm escalates it to SIGKILL after KillWait by itself). A pending launch a decision replaces is
+cancelled with a plain scancel: slurmctld may start it before an owed cancel lands, and SIGTERM lets its
+ranks save. An outage ends at the first query answered (a ping or a scancel taken does not end it: both
+can answer while queries hang), so a controller that takes scancels but not queries is one outage.
 
 The job directories (run, checkpoint, logs) must be on a file system all nodes share.
 """
@@ -65,6 +73,9 @@ from runners.spec import TrainSpec
 TERMINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                       "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
 KILL_WAIT_GRACE_S = 60.0  # upper bound on the cluster's KillWait the runner waits out after scancel
+# how long Slurm must answer without a cut submit before it counts as not accepted: slurmctld may still
+# be working on the request when it answers a later query (Slurm's default MessageTimeout)
+SUBMIT_GRACE_S = 10.0
 # no `-` in a tag: the prefix arena-TAG- of one runner must never be a prefix of another's
 TAG = re.compile(r"[A-Za-z0-9_]{1,32}")
 
@@ -138,17 +149,18 @@ class Controller:
         self.timeout_s = timeout_s
         self.down_since: float | None = None
         self._owed: dict[tuple[str, ...], float] = {}  # scancel argv -> since when it is owed
+        self._asked: set[tuple[str, ...]] = set()  # every scancel argv sent or owed
 
     def up(self) -> bool:
         """Whether `scontrol ping` answers now (scancels owed are sent first when it does)."""
         up = controller_up(self.timeout_s)
         if not up:
-            self._lost("slurmctld does not answer `scontrol ping`")
+            self.lost("slurmctld does not answer `scontrol ping`")
         elif self._owed:
             self._send_owed()
         return up
 
-    def _lost(self, why: str, unanswered_s: float = 0.0) -> None:
+    def lost(self, why: str, unanswered_s: float = 0.0) -> None:
         if self.down_since is None:
             self.down_since = time.time() - unanswered_s  # a timed-out query went unanswered since it was sent
             self._emit("controller_lost", f"{why}: launches keep running on their nodes; the runner keeps what "
@@ -169,7 +181,7 @@ class Controller:
             try:
                 out = query(self.timeout_s)
             except SlurmTimeout as e:
-                self._lost(f"`{' '.join(e.argv)}` got no answer within {e.timeout:g} s", e.timeout)
+                self.lost(f"`{' '.join(e.argv)}` got no answer within {e.timeout:g} s", e.timeout)
             except InputError:  # a failed command, or squeue's JSON error list when slurmctld is gone
                 if self.up():
                     self._answered()
@@ -186,16 +198,18 @@ class Controller:
         """Send a scancel; while the controller is away (or when it goes during the call) it is owed instead,
         recorded and sent when slurmctld answers again. True when Slurm took it (or refused it: the job
         is gone already)."""
+        # a scancel taken does not end an outage: slurmctld can take one while its queries still hang,
+        # and an outage ended by each cancel and begun again by the next query is one lost/back pair
+        # per round for what an operator sees as one outage
+        self._asked.add(tuple(argv))
         if self.up():
             try:
                 slurm(*argv, timeout=self.timeout_s)
-                self._answered()
                 return True
             except SlurmTimeout as e:
-                self._lost(f"`{' '.join(e.argv)}` got no answer within {e.timeout:g} s", e.timeout)
+                self.lost(f"`{' '.join(e.argv)}` got no answer within {e.timeout:g} s", e.timeout)
             except SlurmCommandError as e:
                 if NOT_REACHED not in e.slurm_message and self.up():
-                    self._answered()
                     return True  # Slurm's refusal: the job is over already
         key = tuple(argv)
         if key not in self._owed:
@@ -204,9 +218,17 @@ class Controller:
                        "answers again", command=list(argv), sent=False)
         return False
 
-    def owes(self, slurm_id: str) -> bool:
-        """Whether a scancel of this Slurm job is still owed."""
-        return any(k[-1] == slurm_id for k in self._owed)
+    def owes(self, target: str) -> bool:
+        """Whether a scancel of this Slurm job (an id, or `--name=NAME`) is still owed."""
+        return any(k[-1] == target for k in self._owed)
+
+    def asked(self, target: str | list[str]) -> bool:
+        """Whether this scancel (an argv), or any scancel of this Slurm job (an id, `--name=NAME`), was sent
+        or is owed. Slurm escalates a cancel to SIGKILL after KillWait by itself: the same one again adds
+        nothing but a second SIGTERM to ranks that are saving."""
+        if isinstance(target, list):
+            return tuple(target) in self._asked
+        return any(k[-1] == target for k in self._asked)
 
     def _send_owed(self) -> None:
         for key, since in list(self._owed.items()):
@@ -224,20 +246,28 @@ class Controller:
 
 
 class SlurmLaunch(LaunchHandle):
-    """One Slurm job (all components of the heterogeneous job) running one launch of a job."""
+    """One Slurm job (all components of the heterogeneous job) running one launch of a job. A launch whose
+    sbatch got no answer has no Slurm id yet (`slurm_id` None, `cut_at` when the submit was cut): it is
+    the Slurm job named `name` if Slurm accepted it, which the runner looks for (SlurmRunner._reconcile);
+    until then it counts as pending and is cancelled by that name."""
 
-    def __init__(self, slurm_id: str, rc_files: list[Path], log_paths: list[str],
-                 controller: Controller | None = None) -> None:
+    def __init__(self, slurm_id: str | None, rc_files: list[Path], log_paths: list[str],
+                 controller: Controller | None = None, name: str | None = None,
+                 cut_at: float | None = None) -> None:
         self.slurm_id = slurm_id
         self.rc_files = rc_files
         self.log_paths = log_paths
         self.devices: dict[str, list[int]] = {}
         self.controller = controller
+        self.name = name
+        self.cut_at = cut_at
         self._last: set[str] | None = None  # what Slurm said last: the answer while the controller is down
 
     def states(self) -> set[str]:
         """Slurm states of the components; empty once Slurm forgot the job. With a controller: what Slurm
         said last while it is away (ControllerAway if it said nothing yet)."""
+        if self.slurm_id is None:
+            return {"PENDING"}  # not known to have started: what a decision may replace
         if self.controller is None:
             return self._query(TIMEOUT_S)
         self._last = self.controller.ask(self._query, self._last)
@@ -274,13 +304,21 @@ class SlurmLaunch(LaunchHandle):
                 for rc, p in zip(rcs, self.rc_files)]
 
     def _cancel_and_wait(self, args: list[str], timeout: float) -> None:
-        argv, c = ["scancel", *args, self.slurm_id], self.controller
+        c = self.controller
+        if self.slurm_id is None:
+            # by its name: Slurm may hold it under an id the runner never heard (or take it later, which
+            # the runner's reconciling of its jobs' directories catches)
+            assert c is not None and self.name is not None
+            if not c.asked(argv := ["scancel", *args, f"--name={self.name}"]):
+                c.cancel(argv)
+            return
+        argv = ["scancel", *args, self.slurm_id]
         if c is None:
             try:
                 slurm(*argv)
             except SlurmCommandError:
                 pass  # already gone
-        elif not c.cancel(argv):
+        elif c.owes(self.slurm_id) or (not c.asked(argv) and not c.cancel(argv)):
             return  # owed: Slurm's states stand still until the controller is back
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -321,6 +359,8 @@ class SlurmRunner(ManagedRunner):
         self._view: SlurmView | None = None
         self._view_t = 0.0
         self._first_view: SlurmView | None = None
+        self._held: set[str] = set()  # Slurm ids of this runner's launches
+        self._cut = False  # whether a submit ever went unanswered (Slurm may take it late)
         self.options = options or SlurmOptions()
         self.controller = Controller(lambda kind, msg, **kw: self._emit(kind, None, msg, **kw),
                                      self.options.query_timeout_s)
@@ -392,8 +432,7 @@ class SlurmRunner(ManagedRunner):
             # one launch of a job at a time: a cancel still owed or taking effect, or a submit whose
             # answer was lost
             for v in alive:
-                if not self.controller.owes(str(v.slurm_id)):
-                    self.controller.cancel(["scancel", str(v.slurm_id)])
+                self._cancel_once(v)
             raise LaunchDeferred(f"Slurm job(s) {', '.join(str(v.slurm_id) for v in alive)} of this job still "
                                  "alive in its directory: cancelled, not submitted until they are gone")
         missing = [n for n in placement if n not in view.gres_type]
@@ -409,23 +448,37 @@ class SlurmRunner(ManagedRunner):
         for p in rc_files:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.unlink(missing_ok=True)
-        script = sbatch_script(launches, view.gres_type, name=f"arena-{self.tag}-{safe_name(spec.job_id)}-g{g}", logs=logs,
+        name = f"arena-{self.tag}-{safe_name(spec.job_id)}-g{g}"
+        script = sbatch_script(launches, view.gres_type, name=name, logs=logs,
                                rc_files=[str(p) for p in rc_files], batch_log=str(job.root / "logs" / f"g{g}-batch.log"))
         path = job.root / "logs" / f"g{g}.sbatch"
         path.write_text(script)
         try:
             # Slurm's own bound, not the query timeout: a submit cut short may have been accepted
-            out = slurm("sbatch", "--parsable", f"--chdir={job.root}", str(path))
+            out = slurm("sbatch", "--parsable", f"--chdir={job.root}", str(path), timeout=self.options.submit_timeout_s)
+        except SlurmTimeout as e:
+            # Slurm may have taken it: this is launch g under its name (the name of no other submit), found
+            # and adopted, or cancelled if a decision replaces it first, or given up once Slurm answers
+            # without it; never submitted again under another generation while it may exist
+            self._cut = True
+            self.controller.lost(f"`sbatch` got no answer within {e.timeout:g} s", e.timeout)
+            self._emit("sbatch_unanswered", job, f"launch {g}: sbatch got no answer within {e.timeout:g} s; Slurm "
+                       f"may have accepted it: it is looked for as {name}", outcome="unknown", generation=g, name=name)
+            return SlurmLaunch(None, rc_files, logs, self.controller, name=name, cut_at=time.time())
         except SlurmCommandError as e:
             if NOT_REACHED in e.slurm_message:
                 self.controller.up()  # records the outage
                 raise LaunchDeferred(f"sbatch did not reach slurmctld ({e.slurm_message}): not submitted") from None
             raise LaunchError(f"sbatch refused the launch: {e.slurm_message}") from None
-        return SlurmLaunch(out.strip().split(";")[0], rc_files, logs, self.controller)
+        slurm_id = out.strip().split(";")[0]
+        self._held.add(slurm_id)
+        self._view_t = 0.0  # Slurm's job list changed: the next view is read again (the last one stays the fallback)
+        return SlurmLaunch(slurm_id, rc_files, logs, self.controller)
 
     # ------------------------------------------------------------------ pending generations, real GPUs
 
     def apply(self, decision: Decision) -> None:
+        self._reconcile()
         by_job = decision.by_job()
         for jid, j in self.jobs.items():
             h = j.handle
@@ -434,11 +487,72 @@ class SlurmRunner(ManagedRunner):
                 continue
             if jd.runs and (jd.gpu_type, jd.placement, jd.plan) == (j.gpu_type, j.placement, j.plan):
                 continue  # still waiting for the same GPUs
-            # never started: nothing to save; the new decision replaces it
-            h.kill()
-            j.handle, j.state, j.message = None, "pending", f"launch {j.generation - 1} left pending by Slurm"
-            j.timeline.append(("exited", time.time()))
+            # the new decision replaces it. A plain scancel, not SIGKILL: one owed while slurmctld is away
+            # lands when it is back, and slurmctld may have started the launch first; SIGTERM lets its
+            # ranks save (a pending job is cancelled at once either way)
+            h.terminate(self.stop_timeout_s)
+            self._drop(j, f"launch {j.generation - 1} left pending by Slurm")
         super().apply(decision)
+
+    def _cancel_once(self, v: SlurmJobView) -> bool:
+        """scancel (SIGTERM: its ranks save) of a Slurm job found alive in a job's directory, once: sent or
+        owed, or the job already ending (COMPLETING: cancelled by its name, say), it is not sent again each
+        round while its ranks save. False when nothing was sent."""
+        if {c.state for c in v.components} <= TERMINAL | {"COMPLETING"} or self.controller.asked(str(v.slurm_id)):
+            return False
+        self.controller.cancel(["scancel", str(v.slurm_id)])
+        return True
+
+    def _drop(self, j: _Job, why: str) -> None:
+        """The current launch never ran here: the job waits for the next decision."""
+        j.handle, j.state, j.message = None, "pending", why
+        j.timeline.append(("exited", time.time()))
+
+    def _refresh(self) -> None:
+        self._reconcile()
+        super()._refresh()
+
+    def _reconcile(self) -> None:
+        """One live Slurm job per job, the one the runner holds: a launch whose sbatch got no answer is
+        adopted when Slurm shows it under its name, or given up when Slurm, answering after the cut for
+        SUBMIT_GRACE_S, does not; any other live Slurm job in a job's directory (a cut submit Slurm took
+        after it was given up or replaced) is cancelled, SIGTERM first so its ranks save."""
+        unresolved = [j for j in self.jobs.values() if isinstance(j.handle, SlurmLaunch) and j.handle.slurm_id is None]
+        if not self._cut:
+            return  # every submit was answered: the guard before each submit keeps one launch per job
+        try:
+            view = self.view()
+        except ControllerAway:
+            return  # nothing to go on yet
+        answered = self.controller.down_since is None
+        for j in unresolved:
+            h = j.handle
+            assert isinstance(h, SlurmLaunch) and h.cut_at is not None
+            found = [v for v in view.jobs.values() if v.name == h.name]
+            if found:
+                h.slurm_id = str(found[0].slurm_id)
+                self._held.add(h.slurm_id)
+                self._emit("sbatch_unanswered", j, f"launch {j.generation - 1}: Slurm accepted the submit whose "
+                           f"answer was lost, as job {h.slurm_id}: adopted", outcome="adopted",
+                           generation=j.generation - 1, slurm_id=h.slurm_id)
+            elif answered and self._view_t - h.cut_at >= SUBMIT_GRACE_S and not any(_read_rc(p) is not None
+                                                                                   for p in h.rc_files):
+                h.terminate(0.0)  # by name: a submit Slurm takes from here on is not run
+                self._drop(j, f"launch {j.generation - 1} not accepted by Slurm (its sbatch got no answer)")
+                self._emit("sbatch_unanswered", j, f"launch {j.generation - 1}: not in Slurm's jobs "
+                           f"{self._view_t - h.cut_at:.0f} s after the cut: not accepted; the next decision "
+                           "launches the job again", outcome="not_accepted", generation=j.generation - 1)
+        by_root = {str(j.root.resolve()): j for j in self.jobs.values()}
+        for v in view.jobs.values():
+            j = by_root.get(v.components[0].current_working_directory or "")
+            # a launch the runner held is cancelled through its handle (and waited for, or owed)
+            if j is None or str(v.slurm_id) in self._held or {c.state for c in v.components} <= TERMINAL:
+                continue
+            if isinstance(j.handle, SlurmLaunch) and j.handle.slurm_id is None:
+                continue  # it may be that launch, under a name not yet seen
+            if self._cancel_once(v):
+                self._emit("exit", j, f"Slurm job {v.slurm_id} ({v.name}) is not the job's launch: cancelled, so "
+                           "one Slurm job runs the job", stray=True, slurm_id=v.slurm_id)
 
     def status(self) -> list[ObservedJob]:
         out = super().status()
@@ -448,11 +562,11 @@ class SlurmRunner(ManagedRunner):
             h = j.handle
             if o.state != "running" or not isinstance(h, SlurmLaunch):
                 continue
-            v = view.jobs.get(int(h.slurm_id))
+            v = view.jobs.get(int(h.slurm_id)) if h.slurm_id is not None else None
             if v is None or v.state == "PENDING":
                 # waiting for GPUs: not running, so the next round re-plans it
                 out[i] = o.model_copy(update={"state": "pending", "placement": {}, "num_gpus": 0, "plan": None,
-                                              "message": f"Slurm job {h.slurm_id} pending"})
+                                              "message": f"Slurm job {h.slurm_id or h.name} pending"})
                 continue
             placement = self._placement(v.devices)
             if placement is not None:

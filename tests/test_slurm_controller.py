@@ -1,13 +1,17 @@
 """The Slurm runner's guard against a controller that goes away, without Slurm: stand-in client commands
 on PATH whose behaviour a flag file switches (`down`: slurmctld gone, the ping fails and every other
 command cannot connect; `hang`: squeue and sinfo never answer, as a query that got past the ping just
-before the controller went). The same against a live Slurm: tests/test_slurm_runner.py."""
+before the controller went; `sbatch_hangs`: sbatch never answers, after it was accepted or not as
+`sbatch_refuses` says). The job list squeue shows is a file (squeue.json): an accepted sbatch adds its job
+there (RUNNING on n4), scancel ends a pending job at once and leaves a running one COMPLETING (its ranks
+saving) until the test ends it. The same against a live Slurm: tests/test_slurm_runner.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -18,11 +22,40 @@ from arena_opt.plan import Plan
 from arena_opt.slurm.commands import SlurmOptions
 from arena_opt.slurm.gres import GpuMap
 from runners.base import JobSpec
+from runners.names import safe_name
 from runners.slurm import Controller, SlurmLaunch, SlurmRunner
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 TIMEOUT_S = 2.0  # long beside a stand-in command's start on a loaded CI host: "answered at once" is < TIMEOUT_S
+SUBMIT_TIMEOUT_S = TIMEOUT_S  # the cut of a stand-in sbatch that hangs
 NO_CONTACT = "echo 'error: Unable to contact slurm controller (connect failure)' >&2; exit 1"
+
+
+# the job list of the stand-in sbatch and scancel (squeue.json, the fixture's 22.05 format)
+JOBS_PY = r"""
+import json, sys
+from pathlib import Path
+d, cmd, args = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+data = json.loads((d / "squeue.json").read_text())
+if cmd == "sbatch":
+    nxt = d / "next_id"
+    jid = int(nxt.read_text()) if nxt.exists() else 99
+    nxt.write_text(str(jid + 1))
+    (d / "last_id").write_text(f"{jid}\n")
+    script = Path(args[-1]).read_text()
+    name = next(x.split("=", 1)[1] for x in script.split() if x.startswith("--job-name="))
+    cwd = next(x.split("=", 1)[1] for x in args if x.startswith("--chdir="))
+    job = dict(data["jobs"][0], job_id=jid, het_job_id=0, het_job_offset=0, name=name, job_state="RUNNING",
+               current_working_directory=str(Path(cwd).resolve()), nodes="n4", gres_detail=["gpu:v100:1(IDX:0)"],
+               comment="")
+    data["jobs"].append(job)
+else:
+    name = next((a.split("=", 1)[1] for a in args if a.startswith("--name=")), None)
+    for job in data["jobs"]:
+        if job["name"] == name or str(job["job_id"]) == args[-1]:
+            job["job_state"] = "COMPLETING" if job["job_state"] == "RUNNING" else "CANCELLED"
+(d / "squeue.json").write_text(json.dumps(data))
+"""
 
 
 @pytest.fixture
@@ -41,10 +74,14 @@ def fake(tmp_path, monkeypatch):
                  f"cat {FIX / 'sinfo-22.05.json'}",
         "squeue": f"[ -e {d}/hang ] && exec sleep 60\n[ -e {d}/down ] && {{ {NO_CONTACT}; }}\n"
                   f'[ "$1" = --json ] && exec cat {d}/squeue.json\n'
-                  f"cat {d}/state 2>/dev/null || echo RUNNING",
-        "scancel": f'echo "$@" >> {d}/scancel.log\n[ -e {d}/down ] && {{ {NO_CONTACT}; }}\necho CANCELLED > {d}/state',
-        "sbatch": f'echo "$@" >> {d}/sbatch.log\n[ -e {d}/down ] && {{ {NO_CONTACT}; }}\necho 99',
+                  f'cat {d}/state-"$3" 2>/dev/null || cat {d}/state 2>/dev/null || echo RUNNING',
+        "scancel": f'echo "$@" >> {d}/scancel.log\n[ -e {d}/down ] && {{ {NO_CONTACT}; }}\nfor a; do last=$a; done; echo CANCELLED > {d}/state-$last\n'
+                   f'exec {sys.executable} {bin_}/jobs.py {d} scancel "$@"',
+        "sbatch": f'echo "$@" >> {d}/sbatch.log\n[ -e {d}/down ] && {{ {NO_CONTACT}; }}\n'
+                  f'[ -e {d}/sbatch_refuses ] || {sys.executable} {bin_}/jobs.py {d} sbatch "$@"\n'
+                  f"[ -e {d}/sbatch_hangs ] && exec sleep 60\ncat {d}/last_id",
     }
+    (bin_ / "jobs.py").write_text(JOBS_PY)
     for name, body in scripts.items():
         p = bin_ / name
         p.write_text(f"#!/bin/sh\n{body}\n")
@@ -122,55 +159,55 @@ def _decision(node: str) -> Decision:
 
 def _runner(tmp_path) -> SlurmRunner:
     return SlurmRunner(tmp_path / "w", gpu_map=GpuMap({}), device="cpu", tag="u", stop_timeout_s=0.5,
-                       options=SlurmOptions(query_timeout_s=TIMEOUT_S))
+                       options=SlurmOptions(query_timeout_s=TIMEOUT_S, submit_timeout_s=SUBMIT_TIMEOUT_S))
+
+
+@pytest.fixture
+def r(fake, tmp_path):
+    """A runner of the stand-in cluster holding job j, the cluster read once."""
+    r = _runner(tmp_path)
+    try:
+        r.add_job(JobSpec(job_id="j", model="gpt-350M", global_batch=4, total_steps=5))
+        r.cluster_nodes()
+        yield r
+    finally:
+        r.shutdown(save=False)
 
 
 def _events(r: SlurmRunner) -> list[dict]:
     return [json.loads(line) for line in (r.workdir / "events.jsonl").read_text().splitlines()]
 
 
-def test_sbatch_waits_while_the_controller_is_away_then_goes_once(fake, tmp_path):
-    r = _runner(tmp_path)
-    try:
-        r.add_job(JobSpec(job_id="j", model="gpt-350M", global_batch=4, total_steps=5))
-        r.cluster_nodes()
-        _flag(fake, "down", True)
-        for _ in range(2):
-            r.apply(_decision("n4"))
-            j = r.jobs["j"]
-            # nothing submitted, nothing counted against the job, its generation number not used up
-            assert j.state == "pending" and j.failures == 0 and j.generation == 0 and j.handle is None
-        assert not (fake / "sbatch.log").exists()
-        held = [e for e in _events(r) if e["kind"] == "held"]
-        assert len(held) == 1 and held[0]["details"]["deferred"], held  # one event, not one per round
-        _flag(fake, "down", False)
-        r.apply(_decision("n4"))
-        assert r.jobs["j"].state == "running" and r.slurm_id("j") == "99" and r.jobs["j"].generation == 1
-        assert len((fake / "sbatch.log").read_text().splitlines()) == 1
-        kinds = [e["kind"] for e in _events(r)]
-        assert kinds.count("launch") == 1 and kinds.count("controller_lost") == kinds.count("controller_back") == 1
-    finally:
-        r.shutdown(save=False)
-
-
-def test_no_second_launch_while_an_earlier_one_lives_in_the_jobs_directory(fake, tmp_path):
-    r = _runner(tmp_path)
-    try:
-        r.add_job(JobSpec(job_id="j", model="gpt-350M", global_batch=4, total_steps=5))
-        r.cluster_nodes()
-        # a launch of this job that the runner does not hold (a submit whose answer was lost) shows up
-        jobs = json.loads((fake / "squeue.json").read_text())
-        for sj in jobs["jobs"]:
-            if sj["job_id"] == 4:
-                sj["current_working_directory"] = str(r.jobs["j"].root.resolve())
-        (fake / "squeue.json").write_text(json.dumps(jobs))
+def test_sbatch_waits_while_the_controller_is_away_then_goes_once(fake, r):
+    _flag(fake, "down", True)
+    for _ in range(2):
         r.apply(_decision("n4"))
         j = r.jobs["j"]
-        assert j.handle is None and j.failures == 0 and not (fake / "sbatch.log").exists()
-        assert (fake / "scancel.log").read_text().split() == ["4"]
-        assert "still alive" in (j.message or "")
-    finally:
-        r.shutdown(save=False)
+        # nothing submitted, nothing counted against the job, its generation number not used up
+        assert j.state == "pending" and j.failures == 0 and j.generation == 0 and j.handle is None
+    assert not (fake / "sbatch.log").exists()
+    held = [e for e in _events(r) if e["kind"] == "held"]
+    assert len(held) == 1 and held[0]["details"]["deferred"], held  # one event, not one per round
+    _flag(fake, "down", False)
+    r.apply(_decision("n4"))
+    assert r.jobs["j"].state == "running" and r.slurm_id("j") == "99" and r.jobs["j"].generation == 1
+    assert len((fake / "sbatch.log").read_text().splitlines()) == 1
+    kinds = [e["kind"] for e in _events(r)]
+    assert kinds.count("launch") == 1 and kinds.count("controller_lost") == kinds.count("controller_back") == 1
+
+
+def test_no_second_launch_while_an_earlier_one_lives_in_the_jobs_directory(fake, r):
+    # a launch of this job that the runner does not hold (a submit whose answer was lost) shows up
+    jobs = json.loads((fake / "squeue.json").read_text())
+    for sj in jobs["jobs"]:
+        if sj["job_id"] == 4:
+            sj["current_working_directory"] = str(r.jobs["j"].root.resolve())
+    (fake / "squeue.json").write_text(json.dumps(jobs))
+    r.apply(_decision("n4"))
+    j = r.jobs["j"]
+    assert j.handle is None and j.failures == 0 and not (fake / "sbatch.log").exists()
+    assert (fake / "scancel.log").read_text().split() == ["4"]
+    assert "still alive" in (j.message or "")
 
 
 def test_query_timeout_flag_reads_its_default_from_the_options_and_refuses_a_non_positive_value(capsys, monkeypatch):
@@ -182,3 +219,134 @@ def test_query_timeout_flag_reads_its_default_from_the_options_and_refuses_a_non
     rc = main(["run", "--backend", "slurm", "--slurm-query-timeout", "0"])
     err = capsys.readouterr().err
     assert rc == 2 and "--slurm-query-timeout" in err and "Traceback" not in err, err
+
+
+G0 = f"arena-u-{safe_name('j')}-g0"  # the Slurm name of job j's launch 0
+
+
+def _jobs(d: Path) -> dict[int, dict]:
+    return {j["job_id"]: j for j in json.loads((d / "squeue.json").read_text())["jobs"]}
+
+
+def _set_state(d: Path, slurm_id: int, state: str) -> None:
+    data = json.loads((d / "squeue.json").read_text())
+    for j in data["jobs"]:
+        if j["job_id"] == slurm_id:
+            j["job_state"] = state
+    (d / "squeue.json").write_text(json.dumps(data))
+    (d / f"state-{slurm_id}").write_text(state + "\n")  # what `squeue -h -j` says
+
+
+def _live(d: Path, root: Path) -> list[int]:
+    """The Slurm jobs alive in a job's directory."""
+    return [i for i, j in _jobs(d).items() if j["current_working_directory"] == str(root.resolve())
+            and j["job_state"] not in ("CANCELLED", "COMPLETED", "FAILED")]
+
+
+def _lines(p: Path) -> list[str]:
+    return p.read_text().splitlines() if p.exists() else []
+
+
+def _outcomes(r: SlurmRunner) -> list[str]:
+    return [e["details"]["outcome"] for e in _events(r) if e["kind"] == "sbatch_unanswered"]
+
+
+def test_cut_sbatch_that_slurm_accepted_is_adopted_as_that_launch(fake, r):
+    _flag(fake, "sbatch_hangs", True)  # Slurm takes the job, its answer never comes
+    r.apply(_decision("n4"))
+    j = r.jobs["j"]
+    assert j.state == "running" and r.slurm_id("j") is None and j.generation == 1 and j.failures == 0
+    _flag(fake, "sbatch_hangs", False)
+    for _ in range(2):
+        r.apply(_decision("n4"))  # the same decision: the launch is found, not submitted again
+    assert r.slurm_id("j") == "99" and len(_lines(fake / "sbatch.log")) == 1 and not _lines(fake / "scancel.log")
+    o = r.status()[0]
+    assert o.state == "running" and o.placement == {"n4": [0]} and o.generation == 0
+    assert _live(fake, j.root) == [99]
+    assert _outcomes(r) == ["unknown", "adopted"]
+    kinds = [e["kind"] for e in _events(r)]
+    assert kinds.count("launch") == 1 and kinds.count("controller_lost") == kinds.count("controller_back") == 1
+
+
+def test_cut_sbatch_replaced_by_a_new_decision_is_cancelled_before_the_next_submit(fake, r):
+    _flag(fake, "sbatch_hangs", True)
+    r.apply(_decision("n4"))
+    _flag(fake, "sbatch_hangs", False)
+    _flag(fake, "down", True)  # the controller goes: the cut submit cannot be looked for
+    r.apply(_decision("n3"))  # a new decision replaces launch 0 before anyone knew its Slurm id
+    j = r.jobs["j"]
+    assert j.state == "pending" and j.handle is None and len(_lines(fake / "sbatch.log")) == 1
+    assert r.controller.owes(f"--name={G0}")
+    _flag(fake, "down", False)
+    r.apply(_decision("n3"))  # the owed cancel by name goes first; launch 0 is still saving
+    assert _lines(fake / "scancel.log") == [f"--name={G0}"] and _live(fake, j.root) == [99]
+    assert len(_lines(fake / "sbatch.log")) == 1 and j.handle is None  # not while launch 0 lives
+    _set_state(fake, 99, "CANCELLED")
+    r.apply(_decision("n3"))
+    assert r.slurm_id("j") == "100" and j.generation == 2 and _live(fake, j.root) == [100]
+    assert f"arena-u-{safe_name('j')}-g1" in (j.root / "logs" / "g1.sbatch").read_text()
+    assert _lines(fake / "scancel.log") == [f"--name={G0}"] and j.failures == 0
+
+
+def test_cut_sbatch_slurm_never_took_is_given_up_and_a_late_one_is_cancelled(fake, r, monkeypatch):
+    import runners.slurm as rs
+
+    monkeypatch.setattr(rs, "SUBMIT_GRACE_S", 0.0)
+    _flag(fake, "sbatch_hangs", True)
+    _flag(fake, "sbatch_refuses", True)  # never reached Slurm's job list
+    r.apply(_decision("n4"))
+    _flag(fake, "sbatch_hangs", False)
+    _flag(fake, "sbatch_refuses", False)
+    time.sleep(0.6)  # past the view's cache: an answer read after the cut
+    r.apply(_decision("n4"))  # Slurm answers without it: given up, launched again as generation 1
+    j = r.jobs["j"]
+    assert _outcomes(r) == ["unknown", "not_accepted"] and j.failures == 0
+    assert r.slurm_id("j") == "99" and j.generation == 2 and len(_lines(fake / "sbatch.log")) == 2
+    # slurmctld takes the cut submit of generation 0 after all: cancelled, generation 1 runs on
+    data = json.loads((fake / "squeue.json").read_text())
+    late = dict(_jobs(fake)[99], job_id=7777, name=G0)
+    data["jobs"].append(late)
+    (fake / "squeue.json").write_text(json.dumps(data))
+    time.sleep(0.6)
+    r.status()
+    assert _lines(fake / "scancel.log") == [f"--name={G0}", "7777"]
+    assert r.slurm_id("j") == "99" and _jobs(fake)[7777]["job_state"] == "COMPLETING"  # saving, ending
+    r.status()
+    assert _lines(fake / "scancel.log") == [f"--name={G0}", "7777"]  # once, not each round
+    assert [e["details"]["slurm_id"] for e in _events(r) if e["details"].get("stray")] == [7777]
+
+
+def test_replaced_pending_launch_that_starts_before_its_owed_cancel_saves_and_runs_alone(fake, r):
+    r.apply(_decision("n4"))
+    j = r.jobs["j"]
+    _set_state(fake, 99, "PENDING")  # a foreign job took the GPUs first
+    assert r.status()[0].state == "pending"
+    _flag(fake, "down", True)
+    r.apply(_decision("n3"))  # replaced while slurmctld is away: the cancel is owed
+    assert j.handle is None and r.controller.owes("99") and not _lines(fake / "scancel.log")
+    _set_state(fake, 99, "RUNNING")  # slurmctld, back, starts it before the owed cancel lands
+    _flag(fake, "down", False)
+    r.apply(_decision("n3"))
+    # the owed cancel is a plain scancel (SIGTERM: the ranks save), sent once, and nothing is
+    # submitted while launch 0 is still saving
+    assert _lines(fake / "scancel.log") == ["99"] and _live(fake, j.root) == [99]
+    assert len(_lines(fake / "sbatch.log")) == 1 and j.handle is None
+    r.apply(_decision("n3"))
+    assert _lines(fake / "scancel.log") == ["99"] and len(_lines(fake / "sbatch.log")) == 1
+    _set_state(fake, 99, "CANCELLED")  # saved and gone
+    r.apply(_decision("n3"))
+    assert r.slurm_id("j") == "100" and _live(fake, j.root) == [100] and j.failures == 0
+
+
+def test_controller_that_answers_ping_and_scancel_but_not_queries_is_one_outage(fake, r):
+    r.apply(_decision("n4"))
+    assert r.status()[0].state == "running"
+    _flag(fake, "hang", True)
+    r.status()
+    r.stop("j")  # its scancel is taken while every query still hangs: the same outage
+    r.status()
+    assert _lines(fake / "scancel.log") == ["99"]
+    _flag(fake, "hang", False)
+    r.status()
+    kinds = [e["kind"] for e in _events(r) if e["kind"].startswith("controller_")]
+    assert kinds == ["controller_lost", "controller_back"], kinds

@@ -28,6 +28,10 @@ class SlurmOptions(BaseModel):
         5.0, description="seconds a guarded Slurm command (scontrol ping, sinfo, squeue, scancel) may take; past "
                          "it slurmctld counts as away and the runner keeps what Slurm said last (queries take "
                          "0.01-0.25 s on the test cluster)")
+    submit_timeout_s: PositiveFloat = Field(
+        TIMEOUT_S, description="seconds sbatch may take before the runner stops waiting for its answer; longer "
+                               "than Slurm's own retries (MessageTimeout) because a submit cut short may still "
+                               "have been accepted: the runner then looks for it by its job name and adopts it")
 
 
 class SlurmCommandError(InputError):
