@@ -28,6 +28,7 @@ Each of these is an event (runners.events): a console line and a record.
 from __future__ import annotations
 
 import abc
+import json
 import re
 import signal
 import statistics
@@ -45,6 +46,7 @@ from runners.names import safe_name
 from runners.progress import ProgressReader, clear_stop, request_stop
 from runners.spec import TrainSpec, resolve_arch
 from runners.workdir_lock import WorkdirLock
+from arena_opt.io import atomic_write
 from arena_opt.stages import check_plan, scale_plan
 
 # torchrun's line for a failed worker (torch/distributed/elastic/multiprocessing/api.py)
@@ -310,20 +312,30 @@ class ManagedRunner(Runner):
             j.generation += 1
             self._fail(j, f"launch {j.generation - 1} could not start: {type(e).__name__}: {e}")
             return
-        j.log_paths = list(j.handle.log_paths)
-        j.generation += 1
+        assert jd.gpu_type is not None
+        self._running(j, j.handle, j.generation, jd.gpu_type, jd.placement, jd.plan,
+                      f" after {j.failures} crash(es)" if relaunch else "", relaunch=relaunch)
+        try:
+            write_launch_record(j.root, j.generation - 1, jd.gpu_type, jd.placement, jd.plan)
+        except OSError:
+            pass  # without it a runner started again stops this launch (saving) instead of taking it over
+
+    def _running(self, j: _Job, handle: LaunchHandle, generation: int, gpu_type: str,
+                 placement: dict[str, list[int]], plan: Plan, note: str = "", **details) -> None:
+        """Launch `generation` (started now, or found running) is the job's current one."""
+        j.handle = handle
+        j.log_paths = list(handle.log_paths)
+        j.generation = generation + 1
         j.deferred = None
         j.state = "running"
         j.killed = False
-        j.gpu_type, j.placement, j.plan = jd.gpu_type, dict(jd.placement), jd.plan
+        j.gpu_type, j.placement, j.plan = gpu_type, dict(placement), plan
         j.message = None
         j.window, j.seen_steps = [], 0
-        where = ", ".join(f"{n}:{len(g)}" for n, g in jd.placement.items())
-        self._emit("launch", j,
-                   f"launch {j.generation - 1}: {jd.plan.describe()} on {where}"
-                   + (f" after {j.failures} crash(es)" if relaunch else ""),
-                   generation=j.generation - 1, relaunch=relaunch, plan=jd.plan.describe(), placement=jd.placement,
-                   log=j.log_paths[0] if j.log_paths else None)
+        where = ", ".join(f"{n}:{len(g)}" for n, g in placement.items())
+        self._emit("launch", j, f"launch {generation}: {plan.describe()} on {where}{note}",
+                   generation=generation, plan=plan.describe(), placement=placement,
+                   log=j.log_paths[0] if j.log_paths else None, **details)
 
     def _reject(self, j: _Job, msg: str) -> None:
         if j.state == "running":
@@ -593,6 +605,30 @@ class ManagedRunner(Runner):
 
 def job_root(workdir: str | Path, job_id: str) -> Path:
     return Path(workdir) / "jobs" / safe_name(job_id)
+
+
+def launch_record_path(root: Path, generation: int) -> Path:
+    return root / "logs" / f"g{generation}.launch.json"
+
+
+def write_launch_record(root: Path, generation: int, gpu_type: str, placement: dict[str, list[int]],
+                        plan: Plan) -> None:
+    """What launch `generation` runs, beside its logs: a runner started again on the work directory
+    takes a launch that is still running from it (the decision it carries out) instead of stopping it."""
+    p = launch_record_path(root, generation)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(p, json.dumps({"generation": generation, "gpu_type": gpu_type, "placement": placement,
+                                "plan": plan.model_dump(mode="json")}))
+
+
+def read_launch_record(root: Path, generation: int) -> tuple[str, dict[str, list[int]], Plan] | None:
+    """(GPU type, placement, plan) of launch `generation`, None when it has no readable record."""
+    try:
+        d = json.loads(launch_record_path(root, generation).read_text())
+        return str(d["gpu_type"]), {str(n): [int(i) for i in g] for n, g in d["placement"].items()}, \
+            Plan.model_validate(d["plan"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def make_train_spec(s: JobSpec, plan: Plan, root: Path, ckpt_interval: int, generation: int,

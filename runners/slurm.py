@@ -65,7 +65,7 @@ from arena_opt.slurm.snapshot import SlurmJobView, SlurmView, build_snapshot
 from arena_opt.snapshot import Node
 from runners.base import ObservedJob, RunnerError
 from runners.launch import NodeLaunch, node_launches
-from runners.managed import LaunchDeferred, LaunchError, LaunchHandle, ManagedRunner, _Job
+from runners.managed import LaunchDeferred, LaunchError, LaunchHandle, ManagedRunner, _Job, read_launch_record
 from runners.names import safe_name
 from runners.progress import ProgressReader
 from runners.spec import TrainSpec
@@ -360,6 +360,7 @@ class SlurmRunner(ManagedRunner):
         self._view_t = 0.0
         self._first_view: SlurmView | None = None
         self._held: set[str] = set()  # Slurm ids of this runner's launches
+        self._taken: set[str] = set()  # those of them an earlier runner submitted
         self._cut = False  # whether a submit ever went unanswered (Slurm may take it late)
         self.options = options or SlurmOptions()
         self.controller = Controller(lambda kind, msg, **kw: self._emit(kind, None, msg, **kw),
@@ -368,7 +369,7 @@ class SlurmRunner(ManagedRunner):
     # ------------------------------------------------------------------ what Slurm shows
 
     def _own(self, v: SlurmJobView) -> bool:
-        return v.name.startswith(f"arena-{self.tag}-")
+        return v.name.startswith(f"arena-{self.tag}-") or str(v.slurm_id) in self._taken
 
     def view(self, max_age_s: float = 0.5) -> SlurmView:
         if self._view is None or time.time() - self._view_t > max_age_s:
@@ -390,8 +391,10 @@ class SlurmRunner(ManagedRunner):
         self._stop_leftovers(self.jobs[job.job_id])
 
     def _stop_leftovers(self, j: _Job) -> None:
-        """Stop (saving) what an earlier runner of this work directory left running for this job: the
-        job is not running here yet, so every live Slurm job working in its directory is such a launch."""
+        """What an earlier runner of this work directory left running for this job (the job is not running
+        here yet, so every live Slurm job working in its directory is such a launch): one launch with its
+        launch record is taken over as the job's current launch, not relaunched; any other is stopped
+        (saving) and the job resumes from its newest checkpoint."""
         if self._first_view is None:
             # one read for every job added: the workdir lock means no runner of this directory has
             # launched anything since this one started, so a leftover is already in the first view
@@ -400,6 +403,8 @@ class SlurmRunner(ManagedRunner):
         left = [v for v in self._first_view.jobs.values()
                 if v.components[0].current_working_directory == root
                 and not {c.state for c in v.components} <= TERMINAL]
+        if len(left) == 1 and self._take_over(j, left[0]):
+            return
         for v in left:
             h = SlurmLaunch(str(v.slurm_id), [], [])
             if not (st := h.states()) or st <= TERMINAL:
@@ -416,6 +421,26 @@ class SlurmRunner(ManagedRunner):
                                   "in its directory; cancel it (`scancel`) before starting the job again")
         if left:
             self._view = None
+
+    def _take_over(self, j: _Job, v: SlurmJobView) -> bool:
+        """An earlier runner's launch of j, named arena-TAG-NAME-gG with the record of launch G, becomes j's
+        current launch (it goes on with its ranks and GPUs; the next decision keeps or moves it). False
+        when it cannot be read as one (no record: it is stopped instead)."""
+        m = re.fullmatch(rf"arena-{TAG.pattern}-{re.escape(safe_name(j.spec.job_id))}-g(\d+)", v.name)
+        rec = read_launch_record(j.root, int(m.group(1))) if m else None
+        if m is None or rec is None or len(rec[1]) != len(v.components):
+            return False
+        g, (gpu_type, placement, plan) = int(m.group(1)), rec
+        rc_files = [j.root / "logs" / f"g{g}-{k}.rc" for k in range(len(placement))]
+        logs = [str(self.log_path(j, g, n)) for n in placement]
+        sid = str(v.slurm_id)
+        self._held.add(sid)
+        self._taken.add(sid)  # the runner's own from now on: not an occupant of the snapshot
+        self._view_t = 0.0
+        self._running(j, SlurmLaunch(sid, rc_files, logs, self.controller), g, gpu_type, placement, plan,
+                      f", Slurm job {sid} ({v.name}) an earlier runner left running: taken over, not relaunched",
+                      relaunch=False, taken_over=True, slurm_id=v.slurm_id)
+        return True
 
     # ------------------------------------------------------------------ ManagedRunner hooks
 

@@ -207,15 +207,12 @@ while True:
 """
 
 
-def test_runner_killed_then_restarted_resumes_its_jobs_once(slurm, tmp_path):
-    """A runner killed with SIGKILL leaves its Slurm launch running; the next runner on the work directory
-    stops it (its ranks save) before launching the job again, which resumes from that checkpoint: the
-    job never runs twice at once and loses no step it saved."""
+def _killed_runner(slurm, work: Path) -> str:
+    """The Slurm id of the launch a runner killed with SIGKILL left running (5 steps done, on n3)."""
     import signal
     import subprocess
     import sys
 
-    work = tmp_path / "work"
     root = Path(__file__).resolve().parent.parent
     p = subprocess.Popen([sys.executable, "-c", _KILLED_RUNNER, str(work)], stdout=subprocess.PIPE, text=True,
                          cwd=root, env={**slurm.env, "PYTHONPATH": str(root)})
@@ -226,17 +223,61 @@ def test_runner_killed_then_restarted_resumes_its_jobs_once(slurm, tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait()
     assert "RUNNING" in slurm.run("squeue", "-h", "-j", old_id, "-o", "%T").stdout  # outlived its runner
+    return old_id
 
+
+def _runner_events(work: Path, kind: str) -> list[dict]:
+    import json
+
+    return [e["details"] for e in map(json.loads, (work / "events.jsonl").read_text().splitlines())
+            if e["kind"] == kind]
+
+
+def test_runner_killed_then_restarted_takes_over_its_running_launch(slurm, tmp_path):
+    """A runner killed with SIGKILL leaves its Slurm launch running; the next runner on the work directory
+    takes it over as the job's launch (its record says what it runs): the same decision keeps it, so the
+    job is never relaunched, runs every step once and never twice at once."""
+    work = tmp_path / "work"
+    old_id = _killed_runner(slurm, work)
     r = SlurmRunner(work, device="cpu", tag="tnew", ckpt_interval=2)  # the lock died with the runner
+    try:
+        r.add_job(JobSpec(job_id="k", model="gpt-350M", global_batch=4, total_steps=40, step_delay_s=0.3))
+        assert r.slurm_id("k") == old_id
+        taken = [e for e in _runner_events(work, "launch") if e.get("taken_over")]
+        assert len(taken) == 1 and taken[0]["slurm_id"] == int(old_id) and taken[0]["generation"] == 0, taken
+        o = {o.job_id: o for o in r.status()}["k"]
+        assert o.state == "running" and o.placement == {"n3": [0]} and o.generation == 0 and o.step >= 5
+        # the snapshot counts its GPU as the job's, not as a foreign occupant's
+        n3 = next(n for n in r.cluster_nodes() if n.id == "n3")
+        assert n3.num_gpus == 4, n3
+        r.apply(decide("k", "start", "v100-32gb", {"n3": [0]}, Plan(dp=1)))  # what it runs: kept
+        st = wait(r, "k", lambda s: s.state not in ("running", "pending"), timeout=180, what="finish")
+        assert st.state == "finished" and r.slurm_id("k") is None, st.message
+        events = r.events("k")
+        assert [e["generation"] for e in events if e["event"] == "start"] == [0]  # launched once, never again
+        steps = [e["step"] for e in events if e["event"] == "step"]
+        assert sorted(steps) == list(range(1, 41))
+        assert not [e for e in _runner_events(work, "exit") if e.get("leftover")]  # nothing stopped
+    finally:
+        r.shutdown()
+    assert not [l for l in slurm.run("squeue", "-h", "-o", "%j %T").stdout.splitlines() if "RUNNING" in l]
+
+
+def test_runner_restarted_without_the_launch_record_stops_the_launch_and_resumes_once(slurm, tmp_path):
+    """The same without the launch's record (a runner of an older version, a record lost): the next runner
+    stops the launch (its ranks save) before launching the job again, which resumes from that checkpoint:
+    the job never runs twice at once and loses no step it saved."""
+    work = tmp_path / "work"
+    old_id = _killed_runner(slurm, work)
+    for rec in (work / "jobs").glob("*/logs/g*.launch.json"):
+        rec.unlink()
+    r = SlurmRunner(work, device="cpu", tag="tnew", ckpt_interval=2)
     try:
         r.add_job(JobSpec(job_id="k", model="gpt-350M", global_batch=4, total_steps=40, step_delay_s=0.3))
         assert not slurm.run("squeue", "-h", "-j", old_id, "-o", "%T", check=False).stdout.strip() or \
             set(slurm.run("squeue", "-h", "-j", old_id, "-o", "%T").stdout.split()) <= {"COMPLETING"}
-        import json
-
-        recs = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
-        left = [e["details"] for e in recs if e["kind"] == "exit" and e["details"].get("leftover")]
-        assert len(left) == 1 and left[0]["slurm_id"] == int(old_id) and left[0]["stopped"], recs
+        left = [e for e in _runner_events(work, "exit") if e.get("leftover")]
+        assert len(left) == 1 and left[0]["slurm_id"] == int(old_id) and left[0]["stopped"], left
         r.cluster_nodes()
         r.apply(decide("k", "start", "v100-32gb", {"n4": [0]}, Plan(dp=1)))
         st = wait(r, "k", lambda s: s.state not in ("running", "pending"), timeout=180, what="finish")
