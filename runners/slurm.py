@@ -20,8 +20,9 @@ Names: a launch is the Slurm job `arena-TAG-NAME-gG`, NAME the job id's safe nam
 an id with spaces, newlines or `#SBATCH` in it can neither break the batch script's directives nor
 look like another runner's job. Launches left running by a runner that was killed (its lock on the
 work directory is gone with it) are found when the job is added again, by their working directory
-(the job's directory), and stopped with SIGTERM, so their ranks save; the job then resumes from that
-checkpoint instead of running twice.
+(the job's directory): one with its launch record (runners/managed.write_launch_record) is taken over as
+the job's running launch, not relaunched; any other is stopped with SIGTERM, so its ranks save, and the
+job resumes from that checkpoint. Either way it never runs twice.
 
 A controller outage (slurmctld restarted or unreachable; the nodes' slurmd keep running the launches) is
 ridden out: the runner keeps the last nodes, jobs and states it read, the exit codes still arrive as
