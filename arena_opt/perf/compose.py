@@ -207,22 +207,19 @@ class _Segments:
             cost += self.p2p_end[:, ii, None]
         cost *= self.slots[:, :, None]
         fixed = seg(self.AR)
-        other = seg(self.OPT)
-        fixed += other
+        fixed += seg(self.OPT)
         fixed += self.stage_s[:, :, None]
         cost += fixed
+        del fixed
         np.copyto(cost, np.inf, where=~valid)
         if not memory:
             return cost, None, None, None
-        # the two spent temporaries hold the memory sums (the same subtraction, no fresh arrays)
-        static = np.subtract(self.ST[:, ii, None], self.ST[:, None, jj], out=fixed)
-        act = np.subtract(self.ACT[:, ii, None], self.ACT[:, None, jj], out=other)
         if self.no_peak:
-            return cost, static, act, None
+            return cost, seg(self.ST), seg(self.ACT), None
         # max over the layers j..i-1: running max along j from i - 1 down
         layers = np.where(valid, self.peak[:, None, jj], -np.inf)
         peak = np.maximum(np.maximum.accumulate(layers[:, :, ::-1], axis=2)[:, :, ::-1], 0.0)
-        return cost, static, act, peak
+        return cost, seg(self.ST), seg(self.ACT), peak
 
 
 # elements of one (candidates, L+1, L+1) middle-stage array: larger stacks are split in chunks of rows
@@ -279,22 +276,18 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
         roomy = bool(np.all(lc.static_bytes >= 0) and np.all(lc.act_bytes >= 0) and np.all(
             s.ST[:, n] + np.minimum(s.m[:, 0], pp) * s.ACT[:, n] + np.maximum(s.peak.max(axis=1), 0.0) <= caps))
         cost, static, act, peak = s.middle(not roomy)
-        # every middle stage's band is w ends by w starts: one set of work arrays serves them all
-        w = n - pp + 1
-        cand = np.empty((c, w, w))
-        if not roomy:
-            mem, over = np.empty((c, w, w)), np.empty((c, w, w), dtype=bool)
         for k in range(1, pp - 1):
             lo, hi = k, n - (pp - 1 - k)  # j in [lo, hi), i in (lo, hi]; middle()'s axes start at j = 1, i = 2
             band = (slice(None), slice(lo - 1, hi - 1), slice(lo - 1, hi - 1))
-            np.maximum(f[:, None, lo:hi], cost[band], out=cand)  # [c, i, j]
+            seg = cost[band]
+            cand = np.maximum(f[:, None, lo:hi], seg)  # [c, i, j]
             if not roomy:
-                np.multiply(np.minimum(s.m, pp - k)[:, :, None], act[band], out=mem)
+                mem = np.minimum(s.m, pp - k)[:, :, None] * act[band]
                 mem += static[band]  # static + inflight * act, as `_terms` sums it
                 if peak is not None:
                     mem += peak[band]
-                np.logical_not(np.less_equal(mem, cap[:, :, None], out=over), out=over)
-                np.copyto(cand, np.inf, where=over)  # max(f, inf) = inf: as masking seg
+                np.copyto(cand, np.inf, where=~(mem <= cap[:, :, None]))  # max(f, inf) = inf: as masking seg
+                del mem
             arg = np.argmin(cand, axis=2)
             nf = np.full((c, n + 1), np.inf)
             nf[:, lo + 1:hi + 1] = np.take_along_axis(cand, arg[:, :, None], axis=2)[:, :, 0]
