@@ -21,10 +21,10 @@ PRESETS = {
     "medium": ({"a100-40gb": (8, 4), "v100-32gb": (2, 8), "a10": (8, 2)}, 40),
     "large": ({"a100": (80, 4), "v100": (20, 16), "a40": (160, 2), "a10": (160, 2)}, 150),
 }
-# a decision of more jobs than this is written on one line: a 150,000-job file is 44 MB instead of 54 and
-# costs 0.22-0.26 s CPU instead of 0.30-0.40 (measured on this machine type), inside the call's time limit,
-# and such a file is read by programs (runners, `slurm apply`), not by eye (`jq .` indents it); a smaller
-# decision keeps its indented layout, which people do read
+# a decision of more jobs than this is written on one line: such a file is read by programs (runners,
+# `slurm apply`), not by eye (`jq .` indents it), and indenting a file of a hundred thousand jobs makes it
+# larger and slower to write inside the call's time limit; a smaller decision keeps its indented
+# layout, which people do read
 COMPACT_DECISION_JOBS = 1000
 # subcommands other modules contribute: module with register(subparsers)
 PLUGINS = ["arena_opt.sim.cli", "arena_opt.profiling.cli", "runners.cli", "runners.slurm_cli"]

@@ -58,11 +58,12 @@ def _takes_drained(view: HealthView, job: Job, jd: JobDecision) -> bool:
     return any((n, g) in view.drained and (n, g) not in held for n, gs in jd.placement.items() for g in gs)
 
 
-def _why_moved(job: Job, nodes: dict[str, Node]) -> str | None:
+def _why_moved(job: Job, nodes: dict[str, Node], healthy: bool) -> str | None:
     r = job.running
     if r is None:
         return None
-    for nid, gpus in r.placement.items():
+    # on healthy nodes no placement is lost: only a type no longer allowed moves a job
+    for nid, gpus in (() if healthy else r.placement.items()):
         node = nodes[nid]
         if node.state == "down":
             return f"lost: node {nid} is down"
@@ -79,9 +80,7 @@ def health_view(snap: ClusterSnapshot) -> HealthView | None:
     copy made)."""
     nodes = {n.id: n for n in snap.nodes}
     healthy = all(n.state == "available" and not n.unavailable_gpus for n in snap.nodes)
-    # on healthy nodes only a type no longer allowed moves a job: the others' placements need no look
-    moved = {j.id: why for j in snap.jobs if (not healthy or j.allowed_gpu_types) and
-             (why := _why_moved(j, nodes)) is not None}
+    moved = {j.id: why for j in snap.jobs if (why := _why_moved(j, nodes, healthy)) is not None}
     if not moved and healthy:
         return None
     held: dict[str, set[int]] = {}

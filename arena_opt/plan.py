@@ -101,18 +101,13 @@ class Plan(EdgeModel):
         """(field, why) when the global batch does not split into every stage's replicas and each
         replica's share into whole micro-batches; None when it does."""
         m = self.num_microbatches
-        if self.stage_shapes is None:  # every stage the same: the first stage's answer, without the list
-            dp = self.dp
+        # a uniform plan has one dp to check (and no stage to name); a per-stage plan names the stage
+        stages = [(None, self.dp)] if self.stage_shapes is None else \
+            [(k, dp) for k, (dp, _) in enumerate(self.stage_shapes)]
+        for k, dp in stages:
+            of = "" if k is None else f" (stage_shapes[{k}])"
             if batch % dp:
-                return "dp", f"dp {dp} does not divide batch_size {batch}"
-            if (batch // dp) % m:
-                return "num_microbatches", (f"{m} does not divide the per-replica batch {batch // dp} "
-                                            f"(batch_size {batch} / dp {dp})")
-            return None
-        for k, (dp, _) in enumerate(self.shapes):
-            of = "" if self.uniform else f" (stage_shapes[{k}])"
-            if batch % dp:
-                return "dp" if self.uniform else f"stage_shapes[{k}]", f"dp {dp}{of} does not divide batch_size {batch}"
+                return "dp" if k is None else f"stage_shapes[{k}]", f"dp {dp}{of} does not divide batch_size {batch}"
             if (batch // dp) % m:
                 return "num_microbatches", (f"{m} does not divide the per-replica batch {batch // dp} "
                                             f"(batch_size {batch} / dp {dp}{of})")
