@@ -86,6 +86,7 @@ BENCHES = (
     Bench("speed-150k.json", ("python bench/speed.py --name speed-150k"
                               " --gen a100:80x4,v100:20x16,a40:160x2,a10:160x2/150000/3/0.5",), 300),
     Bench("solve.json", ("python bench/solve.py --rounds 3",), 150),
+    Bench("overload.json", ("python bench/overload.py",), 200),
     Bench("speed_drift.json", ("python bench/speed_drift.py --seconds 60",), 70),
     Bench("colocation.json", ("python bench/colocation.py",), 190),
     Bench("slurm_faults.json", ("python bench/slurm_faults.py",), 150),
