@@ -130,9 +130,8 @@ def relax(p: ClusterProblem, *, threads: int, deadline: float | None = None,
         return None
     t0 = time.perf_counter()
     lm = level1_model(p)
-    lp = to_highs(lm)
-    integer = np.array(lm.kinds()) != "C"
-    lp.integrality_ = []  # every column continuous
+    lp = to_highs(lm, relaxed=True)
+    integer = lm.kinds() != "C"
     keys = LpBasis.keys(p, lm) if warm is not None else None
     t1 = time.perf_counter()
     word, info, x = run_highs(lp, time_limit_s=time_limit_s, mip_gap=0.0, threads=threads, deadline=deadline,

@@ -197,9 +197,10 @@ def pyomo_values(m, lm: LinearModel) -> np.ndarray:
     return np.asarray(out, dtype=float)
 
 
-def to_highs(lm: LinearModel, names: bool = False):
+def to_highs(lm: LinearModel, names: bool = False, relaxed: bool = False):
     """The model as a highspy HighsLp (row-wise matrix); `names`: row and column names as well
-    (`family[label]`, for dumps; `lm.row_ranges()` gives the same table without the strings)."""
+    (`family[label]`, for dumps; `lm.row_ranges()` gives the same table without the strings);
+    `relaxed`: its LP relaxation (every column continuous: no integrality list)."""
     import highspy
 
     n = lm.num_cols
@@ -218,8 +219,13 @@ def to_highs(lm: LinearModel, names: bool = False):
     lp.a_matrix_.start_ = starts.astype(np.int32)
     lp.a_matrix_.index_ = index
     lp.a_matrix_.value_ = value
-    kinds = lm.kinds()
-    lp.integrality_ = [highspy.HighsVarType.kContinuous if k == "C" else highspy.HighsVarType.kInteger for k in kinds]
+    if not relaxed and any(b.kind != "C" for b in lm.blocks):
+        # one list product per block, not one enum lookup per column: a simulated round hands HiGHS
+        # thousands of columns a few thousand times
+        t, ints = highspy.HighsVarType, []
+        for b in lm.blocks:
+            ints += [t.kContinuous if b.kind == "C" else t.kInteger] * b.size
+        lp.integrality_ = ints
     if names:
         lp.row_names_ = lm.row_names()
         lp.col_names_ = lm.col_names()

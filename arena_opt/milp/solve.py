@@ -233,7 +233,8 @@ def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: n
 def _is_lp(lp) -> bool:
     import highspy
 
-    return all(v == highspy.HighsVarType.kContinuous for v in lp.integrality_)
+    ints = lp.integrality_  # empty: every column continuous (to_highs of an LP, or relaxed)
+    return not ints or all(v == highspy.HighsVarType.kContinuous for v in ints)
 
 
 _LEFT_RUNNING = False  # a run was abandoned or interrupted: see solve_running

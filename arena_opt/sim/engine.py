@@ -16,6 +16,8 @@ asks for more; the name stays so that recorded configurations load).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import math
 import time
@@ -38,6 +40,11 @@ from arena_opt.snapshot import ClusterSnapshot, RunningState
 # event kinds; at equal times completions free GPUs first, then reconfigurations end, then arrivals
 COMPLETION, READY, ARRIVAL = 0, 1, 2
 _EPS = 1e-9
+# CPython's first-generation threshold during a run (default 700): a round's survivors (the policy's
+# kept LP basis, records) are walked at every 700 net allocations, and with most of them dead a round
+# later, 50,000 lets refcounting free them unwalked. Arena on the Philly trace's first 6,000 rounds
+# (2,340 decisions, nearly all of the trace's): collector time 4.8 s -> 0.8 s, full passes 11 -> 0
+_RUN_GC_THRESHOLD0 = 50_000
 
 
 class SimulationError(RuntimeError):
@@ -92,6 +99,10 @@ class Simulator:
 
     # ---- main loop -------------------------------------------------------------------------------
     def run(self) -> SimResult:
+        with _fewer_collections():
+            return self._run()
+
+    def _run(self) -> SimResult:
         wall0, cpu0 = time.perf_counter(), time.process_time()
         opt = self.opt
         self.heap: list[tuple] = []
@@ -337,3 +348,14 @@ def _options_dict(opt: SimOptions) -> dict:
     d = asdict(opt)
     d["reconfig"] = opt.reconfig.model_dump()
     return d
+
+
+@contextlib.contextmanager
+def _fewer_collections():
+    """The cyclic collector's first threshold raised to _RUN_GC_THRESHOLD0 for the run (restored after)."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], _RUN_GC_THRESHOLD0), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
