@@ -196,3 +196,24 @@ def test_grid_the_truth_cannot_run_is_an_error(node4):
     estimate = PerfEstimator(table_mode="off")
     with pytest.raises(SimulationError, match="infeasible in the performance truth"):
         Simulator(node4, [job("A", 0, 100, 2)], FCFSPolicy(estimator=estimate), truth=truth).run()
+
+
+def test_run_restores_the_collectors_thresholds_also_when_it_fails(truth, node4):
+    import gc
+
+    from arena_opt.sim.engine import _RUN_GC_THRESHOLD0
+
+    before = gc.get_threshold()
+    seen = []
+
+    class Watcher(FCFSPolicy):
+        def decide(self, snapshot):
+            seen.append(gc.get_threshold())
+            return super().decide(snapshot)
+
+    Simulator(node4, [job("A", 0, 100, 2)], Watcher(estimator=truth), truth=truth).run()
+    assert seen and all(t[0] == max(before[0], _RUN_GC_THRESHOLD0) and t[1:] == before[1:] for t in seen)  # raised inside the run only
+    assert gc.get_threshold() == before
+    with pytest.raises(SimulationError):
+        Simulator(node4, [job("A", 0, 100, 2), job("B", 0, 100, 2)], DoubleBooker(estimator=truth), truth=truth).run()
+    assert gc.get_threshold() == before
