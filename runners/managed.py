@@ -28,7 +28,6 @@ Each of these is an event (runners.events): a console line and a record.
 from __future__ import annotations
 
 import abc
-import json
 import re
 import signal
 import statistics
@@ -42,6 +41,7 @@ from models.catalog import Arch
 from runners.base import JobSpec, JobState, Measurement, ObservedJob, Runner, RunnerError
 from runners.checkpoint import newest_complete
 from runners.events import EventLog
+from runners.launch_record import LaunchRecord, write_launch_record
 from runners.names import safe_name
 from runners.progress import ProgressReader, clear_stop, request_stop
 from runners.spec import TrainSpec, resolve_arch
@@ -316,7 +316,8 @@ class ManagedRunner(Runner):
         self._running(j, j.handle, j.generation, jd.gpu_type, jd.placement, jd.plan,
                       f" after {j.failures} crash(es)" if relaunch else "", relaunch=relaunch)
         try:
-            write_launch_record(j.root, j.generation - 1, jd.gpu_type, jd.placement, jd.plan)
+            write_launch_record(j.root, LaunchRecord(generation=j.generation - 1, gpu_type=jd.gpu_type,
+                                                     placement=jd.placement, plan=jd.plan))
         except OSError:
             pass  # without it a runner started again stops this launch (saving) instead of taking it over
 
@@ -605,30 +606,6 @@ class ManagedRunner(Runner):
 
 def job_root(workdir: str | Path, job_id: str) -> Path:
     return Path(workdir) / "jobs" / safe_name(job_id)
-
-
-def launch_record_path(root: Path, generation: int) -> Path:
-    return root / "logs" / f"g{generation}.launch.json"
-
-
-def write_launch_record(root: Path, generation: int, gpu_type: str, placement: dict[str, list[int]],
-                        plan: Plan) -> None:
-    """What launch `generation` runs, beside its logs: a runner started again on the work directory
-    takes a launch that is still running from it (the decision it carries out) instead of stopping it."""
-    p = launch_record_path(root, generation)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(p, json.dumps({"generation": generation, "gpu_type": gpu_type, "placement": placement,
-                                "plan": plan.model_dump(mode="json")}))
-
-
-def read_launch_record(root: Path, generation: int) -> tuple[str, dict[str, list[int]], Plan] | None:
-    """(GPU type, placement, plan) of launch `generation`, None when it has no readable record."""
-    try:
-        d = json.loads(launch_record_path(root, generation).read_text())
-        return str(d["gpu_type"]), {str(n): [int(i) for i in g] for n, g in d["placement"].items()}, \
-            Plan.model_validate(d["plan"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def make_train_spec(s: JobSpec, plan: Plan, root: Path, ckpt_interval: int, generation: int,

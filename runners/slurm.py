@@ -20,9 +20,10 @@ Names: a launch is the Slurm job `arena-TAG-NAME-gG`, NAME the job id's safe nam
 an id with spaces, newlines or `#SBATCH` in it can neither break the batch script's directives nor
 look like another runner's job. Launches left running by a runner that was killed (its lock on the
 work directory is gone with it) are found when the job is added again, by their working directory
-(the job's directory): one with its launch record (runners/managed.write_launch_record) is taken over as
+(the job's directory): one with its launch record (runners/launch_record.py) is taken over as
 the job's running launch, not relaunched; any other is stopped with SIGTERM, so its ranks save, and the
-job resumes from that checkpoint. Either way it never runs twice.
+job resumes from that checkpoint (a record that exists but does not validate is a `launch_unrecorded`
+event naming the file and the error). Either way it never runs twice.
 
 A controller outage (slurmctld restarted or unreachable; the nodes' slurmd keep running the launches) is
 ridden out: the runner keeps the last nodes, jobs and states it read, the exit codes still arrive as
@@ -66,7 +67,8 @@ from arena_opt.slurm.snapshot import SlurmJobView, SlurmView, build_snapshot
 from arena_opt.snapshot import Node
 from runners.base import ObservedJob, RunnerError
 from runners.launch import NodeLaunch, node_launches
-from runners.managed import LaunchDeferred, LaunchError, LaunchHandle, ManagedRunner, _Job, read_launch_record
+from runners.launch_record import LaunchRecordInvalid, launch_record_path, read_launch_record
+from runners.managed import LaunchDeferred, LaunchError, LaunchHandle, ManagedRunner, _Job
 from runners.names import safe_name
 from runners.progress import ProgressReader
 from runners.spec import TrainSpec
@@ -426,19 +428,31 @@ class SlurmRunner(ManagedRunner):
     def _take_over(self, j: _Job, v: SlurmJobView) -> bool:
         """An earlier runner's launch of j, named arena-TAG-NAME-gG with the record of launch G, becomes j's
         current launch (it goes on with its ranks and GPUs; the next decision keeps or moves it). False
-        when it cannot be read as one (no record: it is stopped instead)."""
+        when it cannot be read as one (no record, or one that is not this launch's: it is stopped instead,
+        and a record that exists but does not fit is a `launch_unrecorded` event saying why)."""
         m = re.fullmatch(rf"arena-{TAG.pattern}-{re.escape(safe_name(j.spec.job_id))}-g(\d+)", v.name)
-        rec = read_launch_record(j.root, int(m.group(1))) if m else None
-        if m is None or rec is None or len(rec[1]) != len(v.components):
+        if m is None:
             return False
-        g, (gpu_type, placement, plan) = int(m.group(1)), rec
-        rc_files = [j.root / "logs" / f"g{g}-{k}.rc" for k in range(len(placement))]
-        logs = [str(self.log_path(j, g, n)) for n in placement]
+        g = int(m.group(1))
+        try:
+            rec = read_launch_record(j.root, g)
+            if rec is not None and len(rec.placement) != len(v.components):
+                raise LaunchRecordInvalid(launch_record_path(j.root, g), f"{len(rec.placement)} node(s) in its "
+                                          f"placement, {len(v.components)} in Slurm job {v.slurm_id}")
+        except LaunchRecordInvalid as e:
+            self._emit("launch_unrecorded", j, f"Slurm job {v.slurm_id} ({v.name}), a launch an earlier runner left "
+                       f"running, is stopped, not taken over: its record {e}", slurm_id=v.slurm_id,
+                       record=str(e.path), error=e.error)
+            return False
+        if rec is None:
+            return False
+        rc_files = [j.root / "logs" / f"g{g}-{k}.rc" for k in range(len(rec.placement))]
+        logs = [str(self.log_path(j, g, n)) for n in rec.placement]
         sid = str(v.slurm_id)
         self._held.add(sid)
         self._taken.add(sid)  # the runner's own from now on: not an occupant of the snapshot
         self._view_t = 0.0
-        self._running(j, SlurmLaunch(sid, rc_files, logs, self.controller), g, gpu_type, placement, plan,
+        self._running(j, SlurmLaunch(sid, rc_files, logs, self.controller), g, rec.gpu_type, rec.placement, rec.plan,
                       f", Slurm job {sid} ({v.name}) an earlier runner left running: taken over, not relaunched",
                       relaunch=False, taken_over=True, slurm_id=v.slurm_id)
         return True
