@@ -248,6 +248,9 @@ class Controller:
                        "slurmctld answers", command=list(key), sent=True)
 
 
+UNNAMED = "a Slurm launch without a Slurm id needs its job name and the runner's controller"
+
+
 class SlurmLaunch(LaunchHandle):
     """One Slurm job (all components of the heterogeneous job) running one launch of a job. A launch whose
     sbatch got no answer has no Slurm id yet (`slurm_id` None, `cut_at` when the submit was cut): it is
@@ -257,6 +260,9 @@ class SlurmLaunch(LaunchHandle):
     def __init__(self, slurm_id: str | None, rc_files: list[Path], log_paths: list[str],
                  controller: Controller | None = None, name: str | None = None,
                  cut_at: float | None = None) -> None:
+        if slurm_id is None and (controller is None or name is None):
+            # found and cancelled by its name, through the controller that owes the cancel while it is away
+            raise RunnerError(UNNAMED)
         self.slurm_id = slurm_id
         self.rc_files = rc_files
         self.log_paths = log_paths
@@ -311,7 +317,8 @@ class SlurmLaunch(LaunchHandle):
         if self.slurm_id is None:
             # by its name: Slurm may hold it under an id the runner never heard (or take it later, which
             # the runner's reconciling of its jobs' directories catches)
-            assert c is not None and self.name is not None
+            if c is None or self.name is None:
+                raise RunnerError(UNNAMED)  # refused by __init__ already: only a handle changed since gets here
             if not c.asked(argv := ["scancel", *args, f"--name={self.name}"]):
                 c.cancel(argv)
             return
@@ -557,7 +564,6 @@ class SlurmRunner(ManagedRunner):
         adopted when Slurm shows it under its name, or given up when Slurm, answering after the cut for
         SUBMIT_GRACE_S, does not; any other live Slurm job in a job's directory (a cut submit Slurm took
         after it was given up or replaced) is cancelled, SIGTERM first so its ranks save."""
-        unresolved = [j for j in self.jobs.values() if isinstance(j.handle, SlurmLaunch) and j.handle.slurm_id is None]
         if not self._cut:
             return  # every submit was answered: the guard before each submit keeps one launch per job
         try:
@@ -565,9 +571,9 @@ class SlurmRunner(ManagedRunner):
         except ControllerAway:
             return  # nothing to go on yet
         answered = self.controller.down_since is None
-        for j in unresolved:
-            h = j.handle
-            assert isinstance(h, SlurmLaunch) and h.cut_at is not None
+        unresolved = [(j, h) for j in self.jobs.values() if isinstance(h := j.handle, SlurmLaunch)
+                      and h.slurm_id is None and h.cut_at is not None]
+        for j, h in unresolved:
             found = [v for v in view.jobs.values() if v.name == h.name]
             if found:
                 h.slurm_id = str(found[0].slurm_id)

@@ -192,6 +192,14 @@ def test_decisions_the_runner_cannot_apply(tmp_path):
         r.add_job(JobSpec(job_id="a", model="gpt-350M", global_batch=8, total_steps=3))
     with pytest.raises(RunnerError, match="does not know"):
         r.apply(Decision(policy="t", jobs=[JobDecision(job_id="zz", action="wait")]))
+    # a decision to run without a GPU type: refused before anything starts (it was an assert after the launch)
+    for runner in (r, DryRunRunner(tmp_path / "dry", out=io.StringIO())):
+        if runner is not r:
+            runner.add_job(JobSpec(job_id="a", model="gpt-350M", global_batch=8, total_steps=3))
+        with pytest.raises(RunnerError, match=r"job 'a' \(start\) has no gpu_type"):
+            runner.apply(Decision(policy="t", jobs=[JobDecision(job_id="a", action="start", num_gpus=1,
+                                                                placement={"n": [0]}, plan=Plan())]))
+    assert r.jobs["a"].handle is None and not (tmp_path / "jobs").exists()
     with pytest.raises(RunnerError, match="placement holds 1 GPUs, plan pp1xdp2xtp1 mb1 needs 2"):
         r.apply(Decision(policy="t", jobs=[JobDecision(job_id="a", action="start", gpu_type="x", num_gpus=1,
                                                        placement={"n": [0]}, plan=Plan(dp=2))]))

@@ -430,3 +430,13 @@ def test_leftover_launch_whose_record_does_not_validate_is_stopped_with_an_event
         assert not [e for e in _events(r) if e["details"].get("taken_over")]
     finally:
         r.shutdown(save=False)
+
+
+@pytest.mark.parametrize("controller, name", [(None, "arena-u-j-g0"), ("c", None)], ids=["no_controller", "no_name"])
+def test_launch_without_a_slurm_id_needs_its_name_and_the_controller(controller, name):
+    from runners.base import RunnerError
+
+    c = _controller()[0] if controller else None
+    with pytest.raises(RunnerError, match="without a Slurm id needs its job name"):
+        SlurmLaunch(None, [], [], c, name=name)
+    assert SlurmLaunch(None, [], [], _controller()[0], name="arena-u-j-g0").pending()  # both: looked for by name
