@@ -349,6 +349,12 @@ class SlurmLaunch(LaunchHandle):
         self._cancel_and_wait([], KILL_WAIT_GRACE_S)
 
 
+def _generation_of(j: _Job, v: SlurmJobView) -> int | None:
+    """G of a Slurm job named arena-TAG-NAME-gG, a launch of j by any runner; None for any other name."""
+    m = re.fullmatch(rf"arena-{TAG.pattern}-{re.escape(safe_name(j.spec.job_id))}-g(\d+)", v.name)
+    return int(m.group(1)) if m else None
+
+
 def _read_rc(p: Path) -> int | None:
     try:
         return int(p.read_text().strip())
@@ -419,6 +425,8 @@ class SlurmRunner(ManagedRunner):
             h = SlurmLaunch(str(v.slurm_id), [], [])
             if not (st := h.states()) or st <= TERMINAL:
                 continue  # ended on its own since the first view
+            if (g := _generation_of(j, v)) is not None:
+                j.generation = max(j.generation, g + 1)  # its logs, exit codes and record stay as they are
             h.terminate(self.stop_timeout_s)
             st = h.states()
             gone = not st or st <= TERMINAL
@@ -437,10 +445,9 @@ class SlurmRunner(ManagedRunner):
         current launch (it goes on with its ranks and GPUs; the next decision keeps or moves it). False
         when it cannot be read as one (no record, or one that is not this launch's: it is stopped instead,
         and a record that exists but does not fit is a `launch_unrecorded` event saying why)."""
-        m = re.fullmatch(rf"arena-{TAG.pattern}-{re.escape(safe_name(j.spec.job_id))}-g(\d+)", v.name)
-        if m is None:
+        g = _generation_of(j, v)
+        if g is None:
             return False
-        g = int(m.group(1))
         try:
             rec = read_launch_record(j.root, g)
             if rec is not None and len(rec.placement) != len(v.components):

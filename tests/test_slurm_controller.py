@@ -422,6 +422,8 @@ def test_leftover_launch_whose_record_does_not_validate_is_stopped_with_an_event
     try:
         assert r.slurm_id("j") is None and r.jobs["j"].state == "pending"
         assert _lines(fake / "scancel.log") == [str(LEFT_ID)]  # stopped (saving) as without a record
+        # the job's next launch is 1: launch 0's logs, exit codes and record are not overwritten
+        assert r.jobs["j"].generation == 1
         ev = [e for e in _events(r) if e["kind"] == "launch_unrecorded"]
         assert len(ev) == 1 and ev[0]["job"] == "j", ev
         d = ev[0]["details"]
