@@ -42,8 +42,8 @@ every transition (and on `speed`, a measured throughput that changed); `sample(t
 Runner facts: `note(t, job, kind, **details)` adds an uncounted event (kinds in RUNNER_KINDS: launches,
 exits, in-place restarts, checkpoint fallbacks, relaunches held back, node losses, cluster controller outages,
 cancels put off while the controller was away and their sending, submits whose answer was lost and what came of
-them, launch records that did not validate). With `events_path` every event is also appended, as it happens, as one JSON line to that file
-(`events.jsonl` in a live run's output folder).
+them, launch records that did not validate). With `events_path` every event is also appended, as it happens, as
+one JSON line to that file (`events.jsonl` in a live run's output folder).
 """
 
 from __future__ import annotations
