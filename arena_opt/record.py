@@ -42,8 +42,8 @@ every transition (and on `speed`, a measured throughput that changed); `sample(t
 Runner facts: `note(t, job, kind, **details)` adds an uncounted event (kinds in RUNNER_KINDS: launches,
 exits, in-place restarts, checkpoint fallbacks, relaunches held back, node losses, cluster controller outages,
 cancels put off while the controller was away and their sending, submits whose answer was lost and what came of
-them). With `events_path` every event is also appended, as it happens, as one JSON line to that file
-(`events.jsonl` in a live run's output folder).
+them, launch records that did not validate). With `events_path` every event is also appended, as it happens, as
+one JSON line to that file (`events.jsonl` in a live run's output folder).
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ Status = Literal["not_arrived", "waiting", "running", "done", "rejected", "faile
 
 COUNTED_KINDS = ("submit", "reject", "start", "reconfigure", "ready", "preempt", "crash", "finish", "fail")
 RUNNER_KINDS = ("launch", "exit", "restart_in_place", "checkpoint_fallback", "held", "node_lost", "node_back",
-                "controller_lost", "controller_back", "cancel_owed", "sbatch_unanswered")
+                "controller_lost", "controller_back", "cancel_owed", "sbatch_unanswered", "launch_unrecorded")
 EventKind = Literal["submit", "reject", "start", "reconfigure", "ready", "preempt", "crash", "finish", "fail",
                     "launch", "exit", "restart_in_place", "checkpoint_fallback", "held", "node_lost", "node_back",
-                    "controller_lost", "controller_back", "cancel_owed", "sbatch_unanswered"]
+                    "controller_lost", "controller_back", "cancel_owed", "sbatch_unanswered", "launch_unrecorded"]
 
 TIMELINE_KEYS = ("t", "throughput", "alloc_gpus", "productive_gpus", "waiting", "running", "norm_sum")
 

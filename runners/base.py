@@ -10,12 +10,12 @@ estimator's online correction), and stops everything on `shutdown`.
 from __future__ import annotations
 
 import abc
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
                       field_validator)
 
-from arena_opt.decision import Decision
+from arena_opt.decision import Decision, JobDecision
 from arena_opt.plan import Plan
 from arena_opt.snapshot import Node
 from models.catalog import Arch
@@ -90,6 +90,23 @@ class Measurement(BaseModel):
 
 class RunnerError(RuntimeError):
     """A decision the runner cannot apply (unknown job, inconsistent plan and placement)."""
+
+
+class RunTarget(NamedTuple):
+    """What a decision to run a job names: the GPU type, the placement and the plan, all of them set."""
+
+    gpu_type: str
+    placement: dict[str, list[int]]
+    plan: Plan
+
+
+def run_target(jd: JobDecision) -> RunTarget:
+    """The GPU type, placement and plan of a decision that runs a job; RunnerError when one is missing."""
+    missing = [name for name, v in (("gpu_type", jd.gpu_type), ("placement", jd.placement), ("plan", jd.plan))
+               if not v]
+    if missing or jd.gpu_type is None or jd.plan is None:
+        raise RunnerError(f"decision for job {jd.job_id!r} ({jd.action}) has no {' or '.join(missing)}")
+    return RunTarget(jd.gpu_type, jd.placement, jd.plan)
 
 
 class Runner(abc.ABC):

@@ -56,6 +56,9 @@ def register(subparsers) -> None:
                    help="crashed launches in a row without progress before a job is marked failed (default 3)")
     r.add_argument("--retry-backoff", type=nonneg_float, default=10.0,
                    help="seconds before the second relaunch of a crashed job, doubling after each (default 10)")
+    r.add_argument("--step-delay", type=nonneg_float, default=0.0, metavar="SECONDS",
+                   help="live: every job sleeps this long after each training step, so a short job lasts long "
+                        "enough to be watched, stopped or killed (tests and demos on CPU; default 0)")
     r.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     r.add_argument("--remove-node", action="append", default=[], metavar="NODE@SECONDS",
                    help="node leaves the cluster at that wall second (fault drill; repeatable)")
@@ -126,7 +129,8 @@ def cmd_run(args) -> int:
         if v < 1:
             raise InputError(f"{opt} must be >= 1, got {v}")
     for opt, v in (("--ckpt-every-s", args.ckpt_every_s), ("--ckpt-interval", args.ckpt_interval),
-                   ("--max-restarts", args.max_restarts), ("--retry-backoff", args.retry_backoff)):
+                   ("--max-restarts", args.max_restarts), ("--retry-backoff", args.retry_backoff),
+                   ("--step-delay", args.step_delay)):
         if v < 0:
             raise InputError(f"{opt} must be >= 0, got {v}")
     snap = load_model(args.snapshot, ClusterSnapshot) if args.snapshot else None
@@ -198,7 +202,7 @@ def _live(args, snap) -> int:
             raise InputError(f"--remove-node: unknown node {node!r}; nodes: {', '.join(n.id for n in cluster.nodes)}")
     opts = LiveOptions(interval_s=args.interval, time_scale=args.time_scale, iter_scale=args.iter_scale,
                        batch_divisor=args.batch_divisor, max_jobs=args.max_jobs, duration_s=args.duration,
-                       scale=_live_scale(args.model_size), node_removals=removals)
+                       scale=_live_scale(args.model_size), node_removals=removals, step_delay_s=args.step_delay)
     if args.backend == "slurm":
         runner = slurm_runner
     else:

@@ -19,7 +19,7 @@ from arena_opt.decision import Decision, JobDecision
 from arena_opt.slurm.gres import GpuMap
 from arena_opt.plan import Plan
 from arena_opt.snapshot import ClusterSnapshot
-from runners.base import JobSpec, ObservedJob, Runner, RunnerError
+from runners.base import JobSpec, ObservedJob, Runner, RunnerError, RunTarget, run_target
 from runners.launch import DEFAULT_PORT, NodeLaunch, node_launches
 from runners.managed import job_root, make_train_spec
 from runners.progress import STOP_FILE
@@ -66,15 +66,13 @@ class DryRunRunner(Runner):
             if j is None:
                 raise RunnerError(f"decision names job {jd.job_id!r} that the runner does not know")
             if jd.runs:
-                if jd.plan is None or not jd.placement:
-                    raise RunnerError(f"decision for job {jd.job_id!r} ({jd.action}) has no plan or placement")
-                target = (jd.gpu_type, dict(jd.placement), jd.plan)
-                if j.running == target:
-                    p(f"# job {jd.job_id}: {jd.action}: already running {jd.plan.describe()}, nothing to run")
+                t = run_target(jd)
+                if j.running == t:
+                    p(f"# job {jd.job_id}: {jd.action}: already running {t.plan.describe()}, nothing to run")
                     continue
                 if j.running is not None:
-                    self._print_stop(j, f"{jd.action} to {jd.plan.describe()}")
-                self._print_launch(j, jd, self.base_port + port_index)
+                    self._print_stop(j, f"{jd.action} to {t.plan.describe()}")
+                self._print_launch(j, jd, t, self.base_port + port_index)
             else:
                 if j.running is not None:
                     self._print_stop(j, jd.action + (f" ({jd.reason})" if jd.reason else ""))
@@ -110,42 +108,40 @@ class DryRunRunner(Runner):
         self._print(f"touch {shlex.quote(str(run_dir / STOP_FILE))}  # every rank saves at the next step, "
                     "then torchrun exits 0")
 
-    def _print_launch(self, j: _DryJob, jd: JobDecision, port: int) -> None:
-        assert jd.plan is not None
+    def _print_launch(self, j: _DryJob, jd: JobDecision, t: RunTarget, port: int) -> None:
         root = job_root(self.workdir, j.spec.job_id)
         try:
-            spec = make_train_spec(j.spec, jd.plan, root, self.ckpt_interval, j.generation, self.device,
+            spec = make_train_spec(j.spec, t.plan, root, self.ckpt_interval, j.generation, self.device,
                                    ckpt_every_s=self.ckpt_every_s, keep=self.keep_checkpoints)
         except ValueError as e:
-            self._print(f"# job {jd.job_id}: {jd.action} {jd.plan.describe()}: cannot run: {e}")
+            self._print(f"# job {jd.job_id}: {jd.action} {t.plan.describe()}: cannot run: {e}")
             return
-        first = next(iter(jd.placement))
+        first = next(iter(t.placement))
         endpoint = f"{self.node_addrs.get(first, first)}:{port}"
-        launches = node_launches(spec, jd.placement, endpoint, use_gpus=True, max_restarts=self.max_restarts)
+        launches = node_launches(spec, t.placement, endpoint, use_gpus=True, max_restarts=self.max_restarts)
         resume = " (loads its latest checkpoint)" if j.generation else ""
-        self._print(f"# job {jd.job_id}: {jd.action} {jd.plan.describe()} on {jd.gpu_type}, {jd.plan.num_gpus} GPU(s) "
+        self._print(f"# job {jd.job_id}: {jd.action} {t.plan.describe()} on {t.gpu_type}, {t.plan.num_gpus} GPU(s) "
                     f"on {len(launches)} node(s), rendezvous {endpoint}{resume}")
         self._print(f"mkdir -p {shlex.quote(str(root / 'run'))} && rm -f {shlex.quote(str(root / 'run' / STOP_FILE))}")
         for nl in launches:
             self._print(f"# node {nl.node_id} (node rank {nl.node_rank} of {nl.nnodes}, {nl.nproc} process(es))")
             self._print(nl.shell())
-        self._print_sbatch(j, jd, spec, endpoint)
+        self._print_sbatch(j, t, spec, endpoint)
         j.launches = launches
-        j.running = (jd.gpu_type, dict(jd.placement), jd.plan)
+        j.running = (t.gpu_type, dict(t.placement), t.plan)
         j.generation += 1
         j.state = "running"
 
 
-    def _print_sbatch(self, j: _DryJob, jd: JobDecision, spec, endpoint: str) -> None:
+    def _print_sbatch(self, j: _DryJob, t: RunTarget, spec, endpoint: str) -> None:
         """The same launch as `--backend slurm` submits it (Slurm sets CUDA_VISIBLE_DEVICES itself)."""
-        assert jd.gpu_type is not None
-        gres = self.gpu_map.gres_name(jd.gpu_type)
+        gres = self.gpu_map.gres_name(t.gpu_type)
         logs = job_root(self.workdir, j.spec.job_id) / "logs"
         g = spec.generation
-        script = sbatch_script(node_launches(spec, jd.placement, endpoint, use_gpus=False),
-                               {n: gres for n in jd.placement}, name=f"arena-{j.spec.job_id}-g{g}",
-                               logs=[str(logs / f"g{g}-{n}.log") for n in jd.placement],
-                               rc_files=[str(logs / f"g{g}-{k}.rc") for k in range(len(jd.placement))],
+        script = sbatch_script(node_launches(spec, t.placement, endpoint, use_gpus=False),
+                               {n: gres for n in t.placement}, name=f"arena-{j.spec.job_id}-g{g}",
+                               logs=[str(logs / f"g{g}-{n}.log") for n in t.placement],
+                               rc_files=[str(logs / f"g{g}-{k}.rc") for k in range(len(t.placement))],
                                batch_log=str(logs / f"g{g}-batch.log"))
         self._print("# as a Slurm batch script (sbatch, --backend slurm):")
         self._print("cat > " + shlex.quote(str(logs / f"g{g}.sbatch")) + " <<'SBATCH'")

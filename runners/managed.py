@@ -28,7 +28,6 @@ Each of these is an event (runners.events): a console line and a record.
 from __future__ import annotations
 
 import abc
-import json
 import re
 import signal
 import statistics
@@ -39,9 +38,10 @@ from pathlib import Path
 from arena_opt.decision import Decision, JobDecision
 from arena_opt.plan import Plan
 from models.catalog import Arch
-from runners.base import JobSpec, JobState, Measurement, ObservedJob, Runner, RunnerError
+from runners.base import JobSpec, JobState, Measurement, ObservedJob, Runner, RunnerError, RunTarget, run_target
 from runners.checkpoint import newest_complete
 from runners.events import EventLog
+from runners.launch_record import LaunchRecord, write_launch_record
 from runners.names import safe_name
 from runners.progress import ProgressReader, clear_stop, request_stop
 from runners.spec import TrainSpec, resolve_arch
@@ -91,7 +91,6 @@ class _Job:
     gpu_type: str | None = None
     placement: dict[str, list[int]] = field(default_factory=dict)
     plan: Plan | None = None
-    reader: ProgressReader | None = None
     failures: int = 0  # crashes since the last progress
     ckpt_step: int | None = None  # newest checkpoint known (or the one a launch actually loaded)
     best_step: int = 0  # the furthest any launch got: progress is a step beyond it
@@ -106,6 +105,10 @@ class _Job:
     seen_events: int = 0  # progress events already turned into runner events
     log_paths: list[str] = field(default_factory=list)
     timeline: list[tuple[str, float]] = field(default_factory=list)  # runner-side moments (launch, stop, exited)
+    reader: ProgressReader = field(init=False)  # of run_dir: every job has one from the start
+
+    def __post_init__(self) -> None:
+        self.reader = ProgressReader(self.run_dir)
 
     @property
     def run_dir(self) -> Path:
@@ -179,12 +182,12 @@ class ManagedRunner(Runner):
         if job.job_id in self.jobs:
             raise RunnerError(f"job {job.job_id!r} was already added")
         root = job_root(self.workdir, job.job_id)
-        self.jobs[job.job_id] = _Job(job, root, reader=ProgressReader(root / "run"))
+        self.jobs[job.job_id] = _Job(job, root)
 
     def apply(self, decision: Decision) -> None:
         self._refresh()
         to_stop: list[_Job] = []
-        to_launch: list[tuple[_Job, JobDecision, TrainSpec]] = []
+        to_launch: list[tuple[_Job, RunTarget, TrainSpec]] = []
         for jd in decision.jobs:
             j = self.jobs.get(jd.job_id)
             if j is None:
@@ -192,27 +195,26 @@ class ManagedRunner(Runner):
             if j.state in ("finished", "failed"):
                 continue
             if jd.runs:
-                self._check(jd)
-                if j.state == "running" and (jd.gpu_type, jd.placement, jd.plan) == (j.gpu_type, j.placement, j.plan):
+                t = self._check(jd)
+                if j.state == "running" and t == (j.gpu_type, j.placement, j.plan):
                     continue
-                assert jd.plan is not None
                 try:
-                    spec = self._spec(j, jd.plan)
+                    spec = self._spec(j, t.plan)
                 except ValueError as e:
                     # checked before stopping anything: a running job keeps its current plan
-                    self._reject(j, f"plan {jd.plan.describe()} cannot run {j.spec.job_id}: {e}")
+                    self._reject(j, f"plan {t.plan.describe()} cannot run {j.spec.job_id}: {e}")
                     continue
-                if j.state != "running" and self._hold(j, jd):
+                if j.state != "running" and self._hold(j, t):
                     continue
                 if j.state == "running":
                     to_stop.append(j)
-                to_launch.append((j, jd, spec))
+                to_launch.append((j, t, spec))
             elif j.state == "running":
                 to_stop.append(j)
         self._stop_many(to_stop)
-        for j, jd, spec in to_launch:
+        for j, t, spec in to_launch:
             if j.state not in ("finished", "failed"):
-                self._launch(j, jd, spec)
+                self._launch(j, t, spec)
 
     def status(self) -> list[ObservedJob]:
         self._refresh()
@@ -223,12 +225,11 @@ class ManagedRunner(Runner):
         if j is None:
             raise RunnerError(f"unknown job {job_id!r}")
         self._refresh()
-        if j.state != "running":
-            return
+        if j.state != "running" or j.handle is None:
+            return  # no launch to stop
         if save:
             self._stop_many([j])
         else:
-            assert j.handle is not None
             j.killed = True  # the scheduler's call (its node left): not the job's failure
             j.handle.kill()
             self._settle(j, stopping=True)
@@ -257,13 +258,13 @@ class ManagedRunner(Runner):
     # ------------------------------------------------------------------ internals
 
     @staticmethod
-    def _check(jd: JobDecision) -> None:
-        if jd.plan is None or not jd.placement:
-            raise RunnerError(f"decision for job {jd.job_id!r} ({jd.action}) has no plan or placement")
-        n = sum(len(g) for g in jd.placement.values())
-        if n != jd.plan.num_gpus:
+    def _check(jd: JobDecision) -> RunTarget:
+        t = run_target(jd)
+        n = sum(len(g) for g in t.placement.values())
+        if n != t.plan.num_gpus:
             raise RunnerError(f"decision for job {jd.job_id!r}: placement holds {n} GPUs, plan "
-                              f"{jd.plan.describe()} needs {jd.plan.num_gpus}")
+                              f"{t.plan.describe()} needs {t.plan.num_gpus}")
+        return t
 
     def _spec(self, j: _Job, plan: Plan) -> TrainSpec:
         return make_train_spec(j.spec, plan, j.root, self.ckpt_interval, j.generation, self.device,
@@ -272,10 +273,10 @@ class ManagedRunner(Runner):
     def _emit(self, kind: str, j: _Job | None, message: str, **fields) -> None:
         self.event_log.emit(kind, j.spec.job_id if j is not None else None, message, **fields)
 
-    def _hold(self, j: _Job, jd: JobDecision) -> bool:
+    def _hold(self, j: _Job, t: RunTarget) -> bool:
         """True when a decision to (re)start j must wait: a node of its placement is down, or the
         backoff after repeated crashes has not run out. One event per reason, not per round."""
-        gone = sorted(set(jd.placement) & self.down_nodes())
+        gone = sorted(set(t.placement) & self.down_nodes())
         if gone:
             key = why = f"not started: node(s) {', '.join(gone)} down"
         elif j.state == "crashed" and time.time() < j.retry_at:
@@ -289,7 +290,7 @@ class ManagedRunner(Runner):
         j.held, j.message = key, why
         return True
 
-    def _launch(self, j: _Job, jd: JobDecision, spec: TrainSpec) -> None:
+    def _launch(self, j: _Job, t: RunTarget, spec: TrainSpec) -> None:
         spec = spec.model_copy(update={"generation": j.generation})
         relaunch = j.state == "crashed"
         j.timeline.append(("launch", time.time()))
@@ -297,7 +298,7 @@ class ManagedRunner(Runner):
             _inside(j.root, self.workdir / "jobs")
             j.run_dir.mkdir(parents=True, exist_ok=True)
             clear_stop(j.run_dir)
-            j.handle = self._start(j, spec, jd.placement)
+            j.handle = self._start(j, spec, t.placement)
         except LaunchDeferred as e:
             j.timeline.pop()
             if j.deferred != str(e):  # one event per reason, not per round
@@ -312,11 +313,11 @@ class ManagedRunner(Runner):
             j.generation += 1
             self._fail(j, f"launch {j.generation - 1} could not start: {type(e).__name__}: {e}")
             return
-        assert jd.gpu_type is not None
-        self._running(j, j.handle, j.generation, jd.gpu_type, jd.placement, jd.plan,
+        self._running(j, j.handle, j.generation, t.gpu_type, t.placement, t.plan,
                       f" after {j.failures} crash(es)" if relaunch else "", relaunch=relaunch)
         try:
-            write_launch_record(j.root, j.generation - 1, jd.gpu_type, jd.placement, jd.plan)
+            write_launch_record(j.root, LaunchRecord(generation=j.generation - 1, gpu_type=t.gpu_type,
+                                                     placement=t.placement, plan=t.plan))
         except OSError:
             pass  # without it a runner started again stops this launch (saving) instead of taking it over
 
@@ -395,7 +396,6 @@ class ManagedRunner(Runner):
             if j.handle is None:
                 continue
             try:
-                assert j.reader is not None
                 j.reader.poll()
                 self._digest_progress(j)
                 self._collect_measurements(j)
@@ -420,7 +420,6 @@ class ManagedRunner(Runner):
 
     def _digest_progress(self, j: _Job) -> None:
         """Turn the new progress events of the current launch into job state and runner events."""
-        assert j.reader is not None
         events = j.reader.state.events
         gen = j.generation - 1
         for ev in events[j.seen_events:]:
@@ -504,7 +503,8 @@ class ManagedRunner(Runner):
 
     def _settle(self, j: _Job, stopping: bool, node_lost: str | None = None) -> None:
         """The launch is over: decide what it was from its exit codes and progress events."""
-        assert j.handle is not None and j.reader is not None
+        if j.handle is None:
+            return  # settled already (with its node, say)
         j.handle.terminate(timeout=5.0)  # a no-op for a clean exit; reaps stray workers of a crash
         rcs = j.handle.poll()
         j.timeline.append(("exited", time.time()))
@@ -548,7 +548,6 @@ class ManagedRunner(Runner):
                        resume_step=resume[0] if resume else 0, node_lost=node_lost, log=logs)
 
     def _collect_measurements(self, j: _Job, flush: bool = False) -> None:
-        assert j.reader is not None
         p = j.reader.state
         if p.generation != j.generation - 1:
             return  # the current launch has not reported yet
@@ -566,7 +565,6 @@ class ManagedRunner(Runner):
             j.window = []
 
     def _observe(self, j: _Job) -> ObservedJob:
-        assert j.reader is not None
         p = j.reader.state
         cur = p.iter_times if p.generation == j.generation - 1 else []
         recent = cur[1:][-20:] or cur
@@ -588,7 +586,6 @@ class ManagedRunner(Runner):
     def losses(self, job_id: str) -> dict[int, float]:
         """Loss by step as reported (the last report wins when steps are repeated after a crash)."""
         j = self.jobs[job_id]
-        assert j.reader is not None
         j.reader.poll()
         return dict(j.reader.state.losses)
 
@@ -598,37 +595,12 @@ class ManagedRunner(Runner):
 
     def events(self, job_id: str) -> list[dict]:
         j = self.jobs[job_id]
-        assert j.reader is not None
         j.reader.poll()
         return list(j.reader.state.events)
 
 
 def job_root(workdir: str | Path, job_id: str) -> Path:
     return Path(workdir) / "jobs" / safe_name(job_id)
-
-
-def launch_record_path(root: Path, generation: int) -> Path:
-    return root / "logs" / f"g{generation}.launch.json"
-
-
-def write_launch_record(root: Path, generation: int, gpu_type: str, placement: dict[str, list[int]],
-                        plan: Plan) -> None:
-    """What launch `generation` runs, beside its logs: a runner started again on the work directory
-    takes a launch that is still running from it (the decision it carries out) instead of stopping it."""
-    p = launch_record_path(root, generation)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(p, json.dumps({"generation": generation, "gpu_type": gpu_type, "placement": placement,
-                                "plan": plan.model_dump(mode="json")}))
-
-
-def read_launch_record(root: Path, generation: int) -> tuple[str, dict[str, list[int]], Plan] | None:
-    """(GPU type, placement, plan) of launch `generation`, None when it has no readable record."""
-    try:
-        d = json.loads(launch_record_path(root, generation).read_text())
-        return str(d["gpu_type"]), {str(n): [int(i) for i in g] for n, g in d["placement"].items()}, \
-            Plan.model_validate(d["plan"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def make_train_spec(s: JobSpec, plan: Plan, root: Path, ckpt_interval: int, generation: int,

@@ -20,9 +20,10 @@ Names: a launch is the Slurm job `arena-TAG-NAME-gG`, NAME the job id's safe nam
 an id with spaces, newlines or `#SBATCH` in it can neither break the batch script's directives nor
 look like another runner's job. Launches left running by a runner that was killed (its lock on the
 work directory is gone with it) are found when the job is added again, by their working directory
-(the job's directory): one with its launch record (runners/managed.write_launch_record) is taken over as
+(the job's directory): one with its launch record (runners/launch_record.py) is taken over as
 the job's running launch, not relaunched; any other is stopped with SIGTERM, so its ranks save, and the
-job resumes from that checkpoint. Either way it never runs twice.
+job resumes from that checkpoint (a record that exists but does not validate is a `launch_unrecorded`
+event naming the file and the error). Either way it never runs twice.
 
 A controller outage (slurmctld restarted or unreachable; the nodes' slurmd keep running the launches) is
 ridden out: the runner keeps the last nodes, jobs and states it read, the exit codes still arrive as
@@ -66,7 +67,8 @@ from arena_opt.slurm.snapshot import SlurmJobView, SlurmView, build_snapshot
 from arena_opt.snapshot import Node
 from runners.base import ObservedJob, RunnerError
 from runners.launch import NodeLaunch, node_launches
-from runners.managed import LaunchDeferred, LaunchError, LaunchHandle, ManagedRunner, _Job, read_launch_record
+from runners.launch_record import LaunchRecordInvalid, launch_record_path, read_launch_record
+from runners.managed import LaunchDeferred, LaunchError, LaunchHandle, ManagedRunner, _Job
 from runners.names import safe_name
 from runners.progress import ProgressReader
 from runners.spec import TrainSpec
@@ -246,6 +248,9 @@ class Controller:
                        "slurmctld answers", command=list(key), sent=True)
 
 
+UNNAMED = "a Slurm launch without a Slurm id needs its job name and the runner's controller"
+
+
 class SlurmLaunch(LaunchHandle):
     """One Slurm job (all components of the heterogeneous job) running one launch of a job. A launch whose
     sbatch got no answer has no Slurm id yet (`slurm_id` None, `cut_at` when the submit was cut): it is
@@ -255,6 +260,9 @@ class SlurmLaunch(LaunchHandle):
     def __init__(self, slurm_id: str | None, rc_files: list[Path], log_paths: list[str],
                  controller: Controller | None = None, name: str | None = None,
                  cut_at: float | None = None) -> None:
+        if slurm_id is None and (controller is None or name is None):
+            # found and cancelled by its name, through the controller that owes the cancel while it is away
+            raise RunnerError(UNNAMED)
         self.slurm_id = slurm_id
         self.rc_files = rc_files
         self.log_paths = log_paths
@@ -309,7 +317,8 @@ class SlurmLaunch(LaunchHandle):
         if self.slurm_id is None:
             # by its name: Slurm may hold it under an id the runner never heard (or take it later, which
             # the runner's reconciling of its jobs' directories catches)
-            assert c is not None and self.name is not None
+            if c is None or self.name is None:
+                raise RunnerError(UNNAMED)  # refused by __init__ already: only a handle changed since gets here
             if not c.asked(argv := ["scancel", *args, f"--name={self.name}"]):
                 c.cancel(argv)
             return
@@ -338,6 +347,12 @@ class SlurmLaunch(LaunchHandle):
     def kill(self) -> None:
         self._cancel_and_wait(["--signal=KILL", "--full"], 10.0)
         self._cancel_and_wait([], KILL_WAIT_GRACE_S)
+
+
+def _generation_of(j: _Job, v: SlurmJobView) -> int | None:
+    """G of a Slurm job named arena-TAG-NAME-gG, a launch of j by any runner; None for any other name."""
+    m = re.fullmatch(rf"arena-{TAG.pattern}-{re.escape(safe_name(j.spec.job_id))}-g(\d+)", v.name)
+    return int(m.group(1)) if m else None
 
 
 def _read_rc(p: Path) -> int | None:
@@ -410,6 +425,8 @@ class SlurmRunner(ManagedRunner):
             h = SlurmLaunch(str(v.slurm_id), [], [])
             if not (st := h.states()) or st <= TERMINAL:
                 continue  # ended on its own since the first view
+            if (g := _generation_of(j, v)) is not None:
+                j.generation = max(j.generation, g + 1)  # its logs, exit codes and record stay as they are
             h.terminate(self.stop_timeout_s)
             st = h.states()
             gone = not st or st <= TERMINAL
@@ -426,19 +443,30 @@ class SlurmRunner(ManagedRunner):
     def _take_over(self, j: _Job, v: SlurmJobView) -> bool:
         """An earlier runner's launch of j, named arena-TAG-NAME-gG with the record of launch G, becomes j's
         current launch (it goes on with its ranks and GPUs; the next decision keeps or moves it). False
-        when it cannot be read as one (no record: it is stopped instead)."""
-        m = re.fullmatch(rf"arena-{TAG.pattern}-{re.escape(safe_name(j.spec.job_id))}-g(\d+)", v.name)
-        rec = read_launch_record(j.root, int(m.group(1))) if m else None
-        if m is None or rec is None or len(rec[1]) != len(v.components):
+        when it cannot be read as one (no record, or one that is not this launch's: it is stopped instead,
+        and a record that exists but does not fit is a `launch_unrecorded` event saying why)."""
+        g = _generation_of(j, v)
+        if g is None:
             return False
-        g, (gpu_type, placement, plan) = int(m.group(1)), rec
-        rc_files = [j.root / "logs" / f"g{g}-{k}.rc" for k in range(len(placement))]
-        logs = [str(self.log_path(j, g, n)) for n in placement]
+        try:
+            rec = read_launch_record(j.root, g)
+            if rec is not None and len(rec.placement) != len(v.components):
+                raise LaunchRecordInvalid(launch_record_path(j.root, g), f"{len(rec.placement)} node(s) in its "
+                                          f"placement, {len(v.components)} in Slurm job {v.slurm_id}")
+        except LaunchRecordInvalid as e:
+            self._emit("launch_unrecorded", j, f"Slurm job {v.slurm_id} ({v.name}), a launch an earlier runner left "
+                       f"running, is stopped, not taken over: its record {e}", slurm_id=v.slurm_id,
+                       record=str(e.path), error=e.error)
+            return False
+        if rec is None:
+            return False
+        rc_files = [j.root / "logs" / f"g{g}-{k}.rc" for k in range(len(rec.placement))]
+        logs = [str(self.log_path(j, g, n)) for n in rec.placement]
         sid = str(v.slurm_id)
         self._held.add(sid)
         self._taken.add(sid)  # the runner's own from now on: not an occupant of the snapshot
         self._view_t = 0.0
-        self._running(j, SlurmLaunch(sid, rc_files, logs, self.controller), g, gpu_type, placement, plan,
+        self._running(j, SlurmLaunch(sid, rc_files, logs, self.controller), g, rec.gpu_type, rec.placement, rec.plan,
                       f", Slurm job {sid} ({v.name}) an earlier runner left running: taken over, not relaunched",
                       relaunch=False, taken_over=True, slurm_id=v.slurm_id)
         return True
@@ -543,7 +571,6 @@ class SlurmRunner(ManagedRunner):
         adopted when Slurm shows it under its name, or given up when Slurm, answering after the cut for
         SUBMIT_GRACE_S, does not; any other live Slurm job in a job's directory (a cut submit Slurm took
         after it was given up or replaced) is cancelled, SIGTERM first so its ranks save."""
-        unresolved = [j for j in self.jobs.values() if isinstance(j.handle, SlurmLaunch) and j.handle.slurm_id is None]
         if not self._cut:
             return  # every submit was answered: the guard before each submit keeps one launch per job
         try:
@@ -551,9 +578,9 @@ class SlurmRunner(ManagedRunner):
         except ControllerAway:
             return  # nothing to go on yet
         answered = self.controller.down_since is None
-        for j in unresolved:
-            h = j.handle
-            assert isinstance(h, SlurmLaunch) and h.cut_at is not None
+        unresolved = [(j, h) for j in self.jobs.values() if isinstance(h := j.handle, SlurmLaunch)
+                      and h.slurm_id is None and h.cut_at is not None]
+        for j, h in unresolved:
             found = [v for v in view.jobs.values() if v.name == h.name]
             if found:
                 h.slurm_id = str(found[0].slurm_id)

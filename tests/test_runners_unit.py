@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from runners.progress import ProgressReader, ProgressWriter, request_stop, stop_
 from runners.spec import SpecError, TrainSpec, parse_spec
 from arena_opt.stages import PlanError, check_plan, default_stages, scale_plan
 from runners.train import parse_args
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _commands(text: str) -> list[tuple[dict[str, str], list[str]]]:
@@ -118,12 +121,14 @@ def test_cli_dry_run_on_a_snapshot(tmp_path):
     (["--trace", "t.csv"], "needs --trace and --cluster"),
     (["--trace", "t.csv", "--cluster", "a10:1x2", "--remove-node", "x@3"], "unknown node 'x'"),
     (["--trace", "t.csv", "--cluster", "a10:1x2", "--interval", "0"], "--interval must be > 0"),
+    (["--trace", "t.csv", "--cluster", "a10:1x2", "--step-delay", "-0.5"], "--step-delay must be >= 0"),
 ])
 def test_cli_user_mistakes_exit_2_without_traceback(tmp_path, args, message):
     (tmp_path / "t.csv").write_text("job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,"
                                     "gpu_type\nj,0,10,gpt__350M,100,8,1,a10\n")
     p = subprocess.run([sys.executable, "-c", "import sys; from arena_opt.cli import main; sys.exit(main(sys.argv[1:]))",
-                        "run", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                        "run", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": REPO})  # this checkout's code, not the installed one
     assert p.returncode == 2
     assert message in p.stderr and "Traceback" not in p.stderr
 
@@ -192,6 +197,14 @@ def test_decisions_the_runner_cannot_apply(tmp_path):
         r.add_job(JobSpec(job_id="a", model="gpt-350M", global_batch=8, total_steps=3))
     with pytest.raises(RunnerError, match="does not know"):
         r.apply(Decision(policy="t", jobs=[JobDecision(job_id="zz", action="wait")]))
+    # a decision to run without a GPU type: refused before anything starts (it was an assert after the launch)
+    for runner in (r, DryRunRunner(tmp_path / "dry", out=io.StringIO())):
+        if runner is not r:
+            runner.add_job(JobSpec(job_id="a", model="gpt-350M", global_batch=8, total_steps=3))
+        with pytest.raises(RunnerError, match=r"job 'a' \(start\) has no gpu_type"):
+            runner.apply(Decision(policy="t", jobs=[JobDecision(job_id="a", action="start", num_gpus=1,
+                                                                placement={"n": [0]}, plan=Plan())]))
+    assert r.jobs["a"].handle is None and not (tmp_path / "jobs").exists()
     with pytest.raises(RunnerError, match="placement holds 1 GPUs, plan pp1xdp2xtp1 mb1 needs 2"):
         r.apply(Decision(policy="t", jobs=[JobDecision(job_id="a", action="start", gpu_type="x", num_gpus=1,
                                                        placement={"n": [0]}, plan=Plan(dp=2))]))

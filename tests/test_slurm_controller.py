@@ -22,6 +22,9 @@ from arena_opt.plan import Plan
 from arena_opt.slurm.commands import SlurmOptions
 from arena_opt.slurm.gres import GpuMap
 from runners.base import JobSpec
+from runners.launch_record import (LaunchRecord, LaunchRecordInvalid, launch_record_path, read_launch_record,
+                                   write_launch_record)
+from runners.managed import job_root
 from runners.names import safe_name
 from runners.slurm import Controller, SlurmLaunch, SlurmRunner
 
@@ -350,3 +353,92 @@ def test_controller_that_answers_ping_and_scancel_but_not_queries_is_one_outage(
     r.status()
     kinds = [e["kind"] for e in _events(r) if e["kind"].startswith("controller_")]
     assert kinds == ["controller_lost", "controller_back"], kinds
+
+
+# ---------------------------------------------------------------- a launch an earlier runner left running
+
+LEFT_ID = 7700
+RECORD = LaunchRecord(generation=0, gpu_type="v100-32gb", placement={"n4": [0]}, plan=Plan(dp=1))
+
+
+def _left_running(fake: Path, tmp_path: Path) -> Path:
+    """Launch 0 of job j, left RUNNING on n4 by a runner of tag `old` that was killed; its job directory."""
+    root = job_root(tmp_path / "w", "j")
+    root.mkdir(parents=True)
+    data = json.loads((fake / "squeue.json").read_text())
+    data["jobs"].append(dict(data["jobs"][0], job_id=LEFT_ID, name=f"arena-old-{safe_name('j')}-g0", nodes="n4",
+                             gres_detail=["gpu:v100:1(IDX:0)"], current_working_directory=str(root.resolve()),
+                             comment=""))
+    (fake / "squeue.json").write_text(json.dumps(data))
+    return root
+
+
+def _add_j(tmp_path: Path) -> SlurmRunner:
+    r = _runner(tmp_path)
+    r.add_job(JobSpec(job_id="j", model="gpt-350M", global_batch=4, total_steps=5))
+    return r
+
+
+def test_launch_record_reads_back_what_was_written(tmp_path):
+    write_launch_record(tmp_path, RECORD)
+    assert read_launch_record(tmp_path, 0) == RECORD
+    assert read_launch_record(tmp_path, 1) is None  # no record: not an error
+
+
+@pytest.mark.parametrize("text, error", [
+    (RECORD.model_dump_json()[:40], "Invalid JSON"),  # cut short (a full disk)
+    (RECORD.model_dump_json().replace('"generation":0', '"generation":true'), "not a number"),
+    (RECORD.model_dump_json().replace('"placement":{"n4":[0]}', '"placement":{}'), "placement"),
+    (RECORD.model_dump_json().replace('"generation":0', '"generation":3'), "generation: 3, not 0"),
+], ids=["truncated", "bool", "no_placement", "other_generation"])
+def test_launch_record_that_does_not_validate_is_an_error_naming_the_file(tmp_path, text, error):
+    launch_record_path(tmp_path, 0).parent.mkdir(parents=True)
+    launch_record_path(tmp_path, 0).write_text(text)
+    with pytest.raises(LaunchRecordInvalid) as e:
+        read_launch_record(tmp_path, 0)
+    assert e.value.path == launch_record_path(tmp_path, 0) and str(e.value.path) in str(e.value)
+    assert error in e.value.error, e.value.error
+
+
+def test_leftover_launch_with_its_record_is_taken_over_not_stopped(fake, tmp_path):
+    root = _left_running(fake, tmp_path)
+    write_launch_record(root, RECORD)
+    r = _add_j(tmp_path)
+    try:
+        j = r.jobs["j"]
+        assert r.slurm_id("j") == str(LEFT_ID) and j.generation == 1 and j.placement == {"n4": [0]}
+        assert not _lines(fake / "scancel.log") and _live(fake, root) == [LEFT_ID]
+        assert [e["details"]["slurm_id"] for e in _events(r) if e["details"].get("taken_over")] == [LEFT_ID]
+    finally:
+        r.shutdown(save=False)
+
+
+def test_leftover_launch_whose_record_does_not_validate_is_stopped_with_an_event_saying_why(fake, tmp_path):
+    root = _left_running(fake, tmp_path)
+    write_launch_record(root, RECORD)
+    path = launch_record_path(root, 0)
+    path.write_text(path.read_text()[:-20])  # truncated
+    r = _add_j(tmp_path)
+    try:
+        assert r.slurm_id("j") is None and r.jobs["j"].state == "pending"
+        assert _lines(fake / "scancel.log") == [str(LEFT_ID)]  # stopped (saving) as without a record
+        # the job's next launch is 1: launch 0's logs, exit codes and record are not overwritten
+        assert r.jobs["j"].generation == 1
+        ev = [e for e in _events(r) if e["kind"] == "launch_unrecorded"]
+        assert len(ev) == 1 and ev[0]["job"] == "j", ev
+        d = ev[0]["details"]
+        assert d["slurm_id"] == LEFT_ID and d["record"] == str(path) and str(path) in d["message"]
+        assert "Invalid JSON" in d["error"], d
+        assert not [e for e in _events(r) if e["details"].get("taken_over")]
+    finally:
+        r.shutdown(save=False)
+
+
+@pytest.mark.parametrize("controller, name", [(None, "arena-u-j-g0"), ("c", None)], ids=["no_controller", "no_name"])
+def test_launch_without_a_slurm_id_needs_its_name_and_the_controller(controller, name):
+    from runners.base import RunnerError
+
+    c = _controller()[0] if controller else None
+    with pytest.raises(RunnerError, match="without a Slurm id needs its job name"):
+        SlurmLaunch(None, [], [], c, name=name)
+    assert SlurmLaunch(None, [], [], _controller()[0], name="arena-u-j-g0").pending()  # both: looked for by name

@@ -2,7 +2,8 @@
 as one heterogeneous sbatch, reshaped to the other GPU type with the loss continuing; a node drained
 under a job -> the job keeps running there; a node set DOWN under a job -> the job re-planned
 elsewhere from its checkpoint by the live loop; a generation left
-pending by Slurm is reported pending. Tiny models on CPU (gloo)."""
+pending by Slurm is reported pending; a runner (or `arena-opt run`) killed with SIGKILL and started
+again takes its running launch over. Tiny models on CPU (gloo)."""
 
 from __future__ import annotations
 
@@ -146,6 +147,72 @@ def test_cli_run_backend_slurm(slurm, tmp_path):
     assert m["finished"] == 1
     batch = next((tmp_path / "w").rglob("g0.sbatch")).read_text()  # the job directory is runners.managed.job_root
     assert "--gres=gpu:" in batch and "srun" in batch
+
+
+def _cli_run(tmp_path: Path, out: str, **popen) -> "subprocess.Popen":
+    """`arena-opt run --backend slurm` (fcfs) on work dir tmp_path/w with one 1-GPU job `k` of 40 steps, paced
+    (--step-delay) so that it runs long enough to be killed mid-run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"id": "k", "submit_time": 0, "model": "gpt-350M", "batch_size": 4,
+                                 "iterations": 40, "num_gpus": 1}) + "\n")
+    return subprocess.Popen(
+        [sys.executable, "-m", "arena_opt.cli", "run", "--backend", "slurm", "--trace", str(trace), "--policy", "fcfs",
+         "--interval", "2", "--time-scale", "1", "--iter-scale", "1", "--batch-divisor", "1", "--model-size",
+         "scaled", "--device", "cpu", "--duration", "240", "--ckpt-interval", "2", "--ckpt-every-s", "0",
+         "--step-delay", "0.3", "--workdir", str(tmp_path / "w"), "--out", str(tmp_path / out)],
+        env={**os.environ, "ARENA_OPT_CACHE": ""}, text=True, **popen)
+
+
+def test_cli_run_killed_then_run_again_takes_over_the_running_launch(slurm, tmp_path):
+    """`arena-opt run` killed with SIGKILL mid-run leaves its Slurm launch running; `arena-opt run` again on the
+    same work directory takes that launch over: the same Slurm job runs on to the end (never relaunched, no
+    second Slurm job for the job), every step once, and its checkpoint step only grows."""
+    import json
+    import signal
+    import subprocess
+
+    from runners.checkpoint import newest_complete
+    from runners.managed import job_root
+    from runners.names import safe_name
+    from runners.progress import ProgressReader
+
+    root = job_root(tmp_path / "w", "k")
+    first = _cli_run(tmp_path, "out1", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        slurm.wait_for(lambda: ProgressReader(root / "run").poll().step >= 5 or first.poll() is not None, 180,
+                       "5 steps of the first run")
+        assert first.poll() is None, "the first run ended before it was killed"
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    live = slurm.run("squeue", "-h", "-o", "%i %j %T").stdout.split("\n")
+    ours = [line.split() for line in live if f"-{safe_name('k')}-g0" in line]
+    assert len(ours) == 1 and ours[0][2] == "RUNNING", live  # outlived the CLI
+    old_id = ours[0][0]
+    saved = newest_complete(root / "ckpt")
+    assert saved is not None and saved[0] >= 2  # what the kill must not lose
+
+    second = _cli_run(tmp_path, "out2", stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out[-3000:]
+    events = [json.loads(line) for line in (tmp_path / "out2" / "events.jsonl").read_text().splitlines()]
+    launches = [e["details"] for e in events if e["kind"] == "launch" and e["job"] == "k"]
+    assert len(launches) == 1 and launches[0].get("taken_over") and launches[0]["slurm_id"] == int(old_id), launches
+    assert not [e for e in events if e["kind"] == "exit" and e["details"].get("leftover")]  # nothing stopped
+    assert json.loads((tmp_path / "out2" / "metrics.json").read_text())["finished"] == 1
+    progress = ProgressReader(root / "run").poll().events
+    assert [e["generation"] for e in progress if e["event"] == "start"] == [0]  # launched once, never again
+    assert not [e for e in progress if e["event"] == "loaded"]  # nothing resumed: it ran on
+    assert sorted(e["step"] for e in progress if e["event"] == "step") == list(range(1, 41))
+    ckpts = [e["step"] for e in progress if e["event"] == "checkpoint"]
+    assert ckpts == sorted(ckpts) and saved[0] in ckpts and ckpts[-1] > saved[0], ckpts
+    assert sorted(p.name for p in (root / "logs").glob("*.sbatch")) == ["g0.sbatch"]  # one Slurm job for k
+    assert not slurm.run("squeue", "-h", "-o", "%i").stdout.strip()
 
 
 # ids that broke the batch script when they were written into `#SBATCH --job-name=` as they are: a space

@@ -1,0 +1,70 @@
+"""What a launch runs, beside its logs (`logs/gG.launch.json`): the decision it carries out. A runner
+started again on the work directory takes a launch that is still running over from its record instead of
+stopping it (runners/slurm.py). The record is written by the runner itself, but it lies on a shared file
+system for as long as the job lives: a record that exists and does not read back (cut by a full disk, edited,
+written by another version) is an error the caller reports, never a silent "no record"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ConfigDict, Field, ValidationError
+
+from arena_opt.edge import EdgeModel
+from arena_opt.io import atomic_write
+from arena_opt.plan import Plan
+
+
+class LaunchRecord(EdgeModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generation: int = Field(ge=0)
+    gpu_type: str = Field(min_length=1)
+    placement: dict[str, list[int]] = Field(min_length=1)  # node -> GPU indices, as decided
+    plan: Plan
+
+
+class LaunchRecordInvalid(ValueError):
+    """A launch record that exists but is not the record of its launch."""
+
+    def __init__(self, path: Path, error: str) -> None:
+        super().__init__(f"{path}: {error}")
+        self.path, self.error = path, error
+
+
+def launch_record_path(root: Path, generation: int) -> Path:
+    return root / "logs" / f"g{generation}.launch.json"
+
+
+def write_launch_record(root: Path, record: LaunchRecord) -> None:
+    p = launch_record_path(root, record.generation)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(p, record.model_dump_json())
+
+
+def read_launch_record(root: Path, generation: int) -> LaunchRecord | None:
+    """Launch `generation`'s record; None when it has none. LaunchRecordInvalid when the file cannot be read,
+    does not validate, or is the record of another launch."""
+    p = launch_record_path(root, generation)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise LaunchRecordInvalid(p, f"unreadable: {e}") from None
+    try:
+        rec = LaunchRecord.model_validate_json(text)
+    except ValidationError as e:
+        raise LaunchRecordInvalid(p, _first_error(e)) from None
+    if rec.generation != generation:
+        raise LaunchRecordInvalid(p, f"generation: {rec.generation}, not {generation} as its name says")
+    return rec
+
+
+def _first_error(e: ValidationError) -> str:
+    """The validation error in one line (field path: message), as an operator reads it in an event."""
+    errs = e.errors()
+    first = errs[0]
+    where = ".".join(str(x) for x in first["loc"]) or "record"
+    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"{where}: {first['msg']}{more}"
