@@ -17,7 +17,7 @@ def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
     jobs = {j.id: j for j in snapshot.jobs}
     catalog = snapshot.catalog
     seen: set[str] = set()
-    used: dict[str, dict[int, str]] = {}  # node -> GPU -> the job given it
+    used: dict[tuple[str, int], str] = {}
     for d in decision.jobs:
         jid = d.job_id
         job = jobs.get(jid)
@@ -46,13 +46,15 @@ def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
                 _check_health(jid, node, gpus, held.get(nid, []))
             if node.gpu_type != gpu_type:
                 raise InfeasibleDecision(f"job {jid!r}: node {nid} is {node.gpu_type}, not {gpu_type}")
-            on = used.get(nid)
-            if on is None:
-                on = used[nid] = {}
-            if gpus and (min(gpus) < 0 or max(gpus) >= node.num_gpus or len(set(gpus)) != len(gpus)
-                         or not on.keys().isdisjoint(gpus)):
-                _gpu_error(jid, nid, gpus, node.num_gpus, on)
-            on.update(dict.fromkeys(gpus, jid))
+            num = node.num_gpus
+            for g in gpus:
+                if not 0 <= g < num:
+                    raise InfeasibleDecision(f"job {jid!r}: GPU {nid}:{g} does not exist")
+                key = (nid, g)
+                other = used.get(key)
+                if other is not None:
+                    raise InfeasibleDecision(f"GPU {nid}:{g} given to {other!r} and {jid!r}")
+                used[key] = jid
             count += len(gpus)
         if count != d.num_gpus or count != plan.num_gpus:
             raise InfeasibleDecision(f"job {jid!r}: placement holds {count} GPUs, decision says "
@@ -76,19 +78,6 @@ def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
                                      f"{catalog[gpu_type].memory_gib} GiB")
     if len(seen) != len(jobs):
         raise InfeasibleDecision(f"no decision for jobs {sorted(set(jobs) - seen)}")
-
-
-def _gpu_error(jid: str, nid: str, gpus: list[int], num: int, used: dict[int, str]) -> None:
-    """Raise for the first of a job's GPUs on node `nid` that does not exist or is given twice (`used`:
-    the node's GPUs given to jobs checked before); the fast checks of the whole list found one."""
-    seen = dict(used)
-    for g in gpus:
-        if not 0 <= g < num:
-            raise InfeasibleDecision(f"job {jid!r}: GPU {nid}:{g} does not exist")
-        other = seen.get(g)
-        if other is not None:
-            raise InfeasibleDecision(f"GPU {nid}:{g} given to {other!r} and {jid!r}")
-        seen[g] = jid
 
 
 def _check_health(job_id: str, node, gpus: list[int], held: list[int]) -> None:
