@@ -56,6 +56,60 @@ class JobDecision(BaseModel):
     def runs(self) -> bool:
         return self.action in RUNNING_ACTIONS
 
+    @classmethod
+    def idle(cls, job_id: str, action: Literal["wait", "preempt"], reason: str) -> "JobDecision":
+        """`JobDecision(job_id=, action=, reason=)` of a job that gets no GPUs. Policies make one per job
+        per round (a simulator: hundreds of thousands per run), so it is built without validation when
+        the values are what validation would keep (the id of a validated snapshot job, one of the two
+        literals, a str); anything else goes through validation."""
+        if type(job_id) is not str or action not in ("wait", "preempt") or type(reason) is not str:
+            return cls(job_id=job_id, action=action, reason=reason)
+        return _trusted(cls, {"job_id": job_id, "action": action, "gpu_type": None, "num_gpus": 0, "num_nodes": 0,
+                              "placement": {}, "plan": None, "est_iter_time_s": None, "est_throughput": None,
+                              "est_slowdown": None, "est_mem_per_gpu_gib": None, "est_band": None,
+                              "reason": reason}, _IDLE_SET)
+
+    @classmethod
+    def placed(cls, job_id: str, action: str, gpu_type: str, num_gpus: int, num_nodes: int,
+               placement: dict[str, list[int]], plan: Plan, est_iter_time_s: float, est_throughput: float,
+               est_slowdown: float | None, est_mem_per_gpu_gib: float, est_band: EstimateBand | None
+               ) -> "JobDecision":
+        """The JobDecision of a job that runs, as `build_decision` makes it, built without validation
+        when every value is of the type and range validation would keep: validating it every round
+        re-runs the plan's model validator (pydantic runs it on an instance too) for a plan that was
+        validated when made. The placement is the policy's own (GPU indices of a validated snapshot's
+        running placement or of the occupancy's nodes), and `check_decision` checks it independently."""
+        values = {"job_id": job_id, "action": action, "gpu_type": gpu_type, "num_gpus": num_gpus,
+                  "num_nodes": num_nodes, "placement": placement, "plan": plan, "est_iter_time_s": est_iter_time_s,
+                  "est_throughput": est_throughput, "est_slowdown": est_slowdown,
+                  "est_mem_per_gpu_gib": est_mem_per_gpu_gib, "est_band": est_band}
+        plain = (type(job_id) is str and action in RUNNING_ACTIONS and type(gpu_type) is str
+                 and type(num_gpus) is int and num_gpus >= 0 and type(num_nodes) is int and num_nodes >= 0
+                 and type(placement) is dict and type(plan) is Plan and (est_band is None or type(est_band) is EstimateBand)
+                 and type(est_iter_time_s) is float and est_iter_time_s >= 0
+                 and type(est_throughput) is float and est_throughput >= 0
+                 and type(est_mem_per_gpu_gib) is float and est_mem_per_gpu_gib >= 0
+                 and (est_slowdown is None or (type(est_slowdown) is float and est_slowdown >= 1.0)))
+        if not plain:
+            return cls(**values)
+        values["reason"] = None
+        return _trusted(cls, values, _PLACED_SET)
+
+
+_IDLE_SET = frozenset({"job_id", "action", "reason"})
+_PLACED_SET = frozenset(JobDecision.model_fields) - {"reason"}
+
+
+def _trusted(cls: type[JobDecision], values: dict[str, Any], given: frozenset[str]) -> JobDecision:
+    """A JobDecision of values its callers proved valid, every field given in declaration order (as
+    validation stores them: dumps keep that order); `given`: the fields set by the caller."""
+    new = object.__new__(cls)
+    object.__setattr__(new, "__dict__", values)
+    object.__setattr__(new, "__pydantic_fields_set__", set(given))
+    object.__setattr__(new, "__pydantic_extra__", None)
+    object.__setattr__(new, "__pydantic_private__", None)
+    return new
+
 
 class SolverStats(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -245,7 +245,8 @@ class GridCatalog:
         cl = self.cluster(snapshot)
         entry = self._entry(job, cl, max_gpus_default)
         hit = self._current.get(job.id)
-        if hit is not None and hit[0] is entry and hit[1] is r.placement and hit[2] == r.plan:
+        # the plan of an allocation that stands is the same object round after round: `is` before pydantic's ==
+        if hit is not None and hit[0] is entry and hit[1] is r.placement and (hit[2] is r.plan or hit[2] == r.plan):
             return hit[3]
         g = self._running_grid(job, cl, entry, _current_shape(job, cl.node_map))
         self._current[job.id] = (entry, r.placement, r.plan, g)

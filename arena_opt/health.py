@@ -78,9 +78,12 @@ def _why_moved(job: Job, nodes: dict[str, Node], healthy: bool) -> str | None:
 def health_view(snap: ClusterSnapshot) -> HealthView | None:
     """The view a policy decides on, or None when the snapshot is already one (the common case: no
     copy made)."""
-    nodes = {n.id: n for n in snap.nodes}
     healthy = all(n.state == "available" and not n.unavailable_gpus for n in snap.nodes)
-    moved = {j.id: why for j in snap.jobs if (why := _why_moved(j, nodes, healthy)) is not None}
+    # asked every round of a simulator: only running jobs can move, and on healthy nodes (no node read)
+    # only one whose allowed types changed
+    nodes = {} if healthy else {n.id: n for n in snap.nodes}
+    moved = {j.id: why for j in snap.jobs if j.running is not None and (j.allowed_gpu_types or not healthy)
+             and (why := _why_moved(j, nodes, healthy)) is not None}
     if not moved and healthy:
         return None
     held: dict[str, set[int]] = {}

@@ -195,7 +195,9 @@ class Occupancy:
         self.pool: dict[tuple, _Pool] = {}
         for key, (ids, g) in layout.pools.items():
             self.pool[key] = _Pool(ids, g, range(len(ids)), layout.racks(key))
-        self._free: dict[str, list[int]] = {}  # free GPU indices of the nodes touched so far
+        # free GPU indices of the nodes touched so far; a list is replaced on every change, never edited,
+        # so that a round's copy (_copy) shares them
+        self._free: dict[str, list[int]] = {}
         self.where: dict[str, Placement] = {}  # job -> its held GPUs
         self.grid_of: dict[str, Grid | None] = {}
         self._jobs_on: dict[str, set[str]] = {}
@@ -217,7 +219,7 @@ class Occupancy:
         new.layout, new.contention = self.layout, contention
         new._clock = count(len(self.layout.where))
         new.pool = {k: p.copy() for k, p in self.pool.items()}
-        new._free = {n: list(f) for n, f in self._free.items()}
+        new._free = dict(self._free)  # the lists are shared: _apply replaces a node's list, never edits it
         new.where, new.grid_of = {}, {}
         new._jobs_on = {n: set(s) for n, s in self._jobs_on.items() if s}
         new._journal = None
@@ -365,8 +367,10 @@ class Occupancy:
             key, i = where[nid]
             fl = self.gpus_free(nid)
             if sign < 0:
-                for g in gpus:
-                    fl.remove(g)  # ValueError: the GPU is not free
+                left = [g for g in fl if g not in gpus]
+                if len(left) != len(fl) - len(gpus):
+                    raise ValueError(f"GPUs {nid}:{gpus} are not all free (free: {fl})")
+                self._free[nid] = left
                 self._jobs_on.setdefault(nid, set()).add(job_id)
             else:
                 self._free[nid] = sorted(fl + list(gpus))

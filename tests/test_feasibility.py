@@ -98,3 +98,38 @@ BAD = [
 def test_every_kind_of_infeasible_decision_is_caught(what, make, state, message):
     with pytest.raises(InfeasibleDecision, match=message):
         check_decision(snapshot(**state), make())
+
+
+# the unvalidated constructors build_decision uses: the very decision validation makes, or validation
+PLACED = dict(job_id="new", action="start", gpu_type="a100-40gb", num_gpus=4, num_nodes=1, placement={"a0": [0, 1, 2, 3]},
+              plan=TP2, est_iter_time_s=0.5, est_throughput=16.0, est_slowdown=1.25, est_mem_per_gpu_gib=9.0,
+              est_band=None)
+
+
+def same_model(a: JobDecision, b: JobDecision) -> None:
+    assert a == b
+    assert list(a.__dict__) == list(b.__dict__)
+    assert a.model_fields_set == b.model_fields_set
+    assert a.model_dump_json() == b.model_dump_json()
+    assert a.model_dump_json(exclude_unset=True) == b.model_dump_json(exclude_unset=True)
+
+
+def test_idle_and_placed_are_the_validated_decisions():
+    same_model(JobDecision.idle("new", "wait", "queued"), JobDecision(job_id="new", action="wait", reason="queued"))
+    same_model(JobDecision.placed(**PLACED), JobDecision(**PLACED))
+    a, b = JobDecision.idle("x", "preempt", "r"), JobDecision.idle("y", "wait", "r")
+    a.placement["a0"] = [0]
+    assert b.placement == {}  # each its own default
+
+
+@pytest.mark.parametrize("field, value", [("est_throughput", -1.0), ("est_slowdown", 0.5), ("num_gpus", -4),
+                                          ("action", "run"), ("plan", {"dp": 0})])
+def test_placed_validates_what_it_cannot_trust(field, value):
+    with pytest.raises(ValueError, match=field):
+        JobDecision.placed(**dict(PLACED, **{field: value}))
+
+
+def test_idle_validates_what_it_cannot_trust():
+    with pytest.raises(ValueError, match="action"):
+        JobDecision.idle("new", "start-now", "r")
+    assert JobDecision.idle("new", "wait", "r").action == "wait"

@@ -121,16 +121,13 @@ def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Gri
     for job in snapshot.jobs:
         g = chosen.get(job.id)
         if g is None:  # most jobs of a big round: the short rule, without action_for's arguments
-            out.append(JobDecision(job_id=job.id, action=action_without_grid(job),
-                                   reason=reasons.get(job.id, unselected)))
+            out.append(JobDecision.idle(job.id, action_without_grid(job), reasons.get(job.id, unselected)))
             continue
         pl = placements.get(job.id)
         act = action_for(job, g, pl)
         plan = job.running.plan if g.current else g.result.plan
         slow = None if slowdowns is None else slowdowns.get(job.id, 1.0)
-        out.append(JobDecision(job_id=job.id, action=act, gpu_type=g.shape.gpu_type, num_gpus=g.num_gpus,
-                               num_nodes=len(pl), placement=pl, plan=plan,
-                               est_iter_time_s=g.result.iter_time_s * (slow or 1.0),
-                               est_throughput=g.throughput / (slow or 1.0), est_slowdown=slow,
-                               est_mem_per_gpu_gib=g.result.mem_gib, est_band=estimate_band(g.result.band)))
+        out.append(JobDecision.placed(job.id, act, g.shape.gpu_type, g.num_gpus, len(pl), pl, plan,
+                                      g.result.iter_time_s * (slow or 1.0), g.throughput / (slow or 1.0), slow,
+                                      g.result.mem_gib, estimate_band(g.result.band)))
     return Decision(time=snapshot.time, policy=policy, jobs=out, stats=stats, policy_options=options)

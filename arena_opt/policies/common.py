@@ -32,10 +32,17 @@ class PackedPolicy(GridPolicy):
         self._snapshot: ClusterSnapshot | None = None
         self._occupancy: Occupancy | None = None  # this round's (start_state), with its contention
         self._totals: tuple[ClusterSnapshot, dict[str, int]] | None = None  # GPUs per type, for reasons
+        self._catalog: tuple[PerfEstimator, float | None, GridCatalog] | None = None  # see `catalog`
 
     @property
     def catalog(self) -> GridCatalog:
-        return GridCatalog.of(self.estimator, self.options.caution)
+        # asked once per job per round: the estimator's catalogue is kept while estimator and caution
+        # stand, instead of GridCatalog.of's weak-keyed lookup every time
+        est, caution = self.estimator, self.options.caution
+        hit = self._catalog
+        if hit is None or hit[0] is not est or hit[1] != caution:
+            hit = self._catalog = (est, caution, GridCatalog.of(est, caution))
+        return hit[2]
 
     @property
     def pools(self) -> dict[tuple, Pool]:

@@ -35,7 +35,7 @@ from arena_opt.reconfig import PRESETS, ReconfigModel
 from arena_opt.record import NOT_ARRIVED, REJECTED, RUNNING, WAITING, JobRecord, Recorder, RunRecord, model_name
 from arena_opt.sim.state import SimJob
 from arena_opt.trace import TraceJob
-from arena_opt.snapshot import ClusterSnapshot, RunningState
+from arena_opt.snapshot import ClusterSnapshot, Job, RunningState
 
 # event kinds; at equal times completions free GPUs first, then reconfigurations end, then arrivals
 COMPLETION, READY, ARRIVAL = 0, 1, 2
@@ -220,10 +220,8 @@ class Simulator:
                     sj.running_state = RunningState.model_construct(gpu_type=sj.gpu_type, placement=sj.placement,
                                                                     plan=sj.plan, since=sj.since)
             sj.snap_version = sj.version
-            jobs.append(_copy(sj.spec, {"remaining_iterations": min(float(sj.total), max(0.0, sj.remaining)),
-                                        "running": sj.running_state if running else None,
-                                        "attained_service_s": sj.rec.gpu_seconds,
-                                        "waited_s": sj.rec.waited_until(t)}))
+            jobs.append(_job_now(sj.spec, min(float(sj.total), max(0.0, sj.remaining)),
+                                 sj.running_state if running else None, sj.rec.gpu_seconds, sj.rec.waited_until(t)))
         # every field given: a default left to model_construct costs an inspect.signature per round
         snap = ClusterSnapshot.model_construct(version=1, time=t, gpu_catalog=self.cluster.gpu_catalog,
                                                nodes=self.cluster.nodes, jobs=jobs, notes=[])
@@ -330,17 +328,18 @@ def _job_record(tj: TraceJob) -> JobRecord:
                      requested_num_gpus=tj.num_gpus)
 
 
-def _copy(model, update: dict):
-    """A shallow copy of a trusted pydantic model with some fields replaced, without validation
-    (`model_copy` does the same through slower generic paths). Only for the simulator's own state,
+def _job_now(spec: Job, remaining: float, running: RunningState | None, attained: float, waited: float) -> Job:
+    """A shallow copy of a job's spec with its live fields set, without validation (`model_copy` does the
+    same through slower generic paths; one per active job per round). Only for the simulator's own state,
     which was validated when the trace was loaded."""
-    new = object.__new__(type(model))
-    d = dict(model.__dict__)
-    d.update(update)
-    object.__setattr__(new, "__dict__", d)
-    object.__setattr__(new, "__pydantic_fields_set__", model.__pydantic_fields_set__)
-    object.__setattr__(new, "__pydantic_extra__", None)
-    object.__setattr__(new, "__pydantic_private__", None)
+    new = object.__new__(type(spec))
+    d = spec.__dict__.copy()
+    d["remaining_iterations"], d["running"], d["attained_service_s"], d["waited_s"] = remaining, running, attained, waited
+    _set = object.__setattr__
+    _set(new, "__dict__", d)
+    _set(new, "__pydantic_fields_set__", spec.__pydantic_fields_set__)
+    _set(new, "__pydantic_extra__", None)
+    _set(new, "__pydantic_private__", None)
     return new
 
 
