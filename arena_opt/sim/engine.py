@@ -42,8 +42,8 @@ COMPLETION, READY, ARRIVAL = 0, 1, 2
 _EPS = 1e-9
 # CPython's first-generation threshold during a run (default 700): a round's survivors (the policy's
 # kept LP basis, records) are walked at every 700 net allocations, and with most of them dead a round
-# later, 50,000 lets refcounting free them unwalked. Arena on the Philly trace's first 6,000 rounds
-# (2,340 decisions, nearly all of the trace's): collector time 4.8 s -> 0.8 s, full passes 11 -> 0
+# later, 50,000 lets refcounting free them unwalked; fewer young passes also mean fewer full passes over
+# the catalogue's long-lived grids and plans (measured: docs/BENCHMARK.md, "Kept (session 12)")
 _RUN_GC_THRESHOLD0 = 50_000
 
 

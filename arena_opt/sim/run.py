@@ -24,10 +24,9 @@ RECONFIG_CHOICES = (*PRESETS, "artifact")
 SIM_PRESETS: dict[str, dict[str, Any]] = {
     # the same MILP rows, handed to HiGHS as arrays: thousands of rounds without Pyomo's per-round
     # overhead (tests/test_milp.py checks that both backends reach the same optimum). The gap is the
-    # default 1e-2. On Arena's Philly trace to completion a tighter gap proves more rounds by the MIP:
-    # decision CPU 91 s at 1e-3 and 69 s at 5e-3 (run side by side), 53 s at 1e-2, for an average JCT
-    # 0.16% better at 1e-3 (109,573 s against 109,747 s) and fewer restarts (2.64 reconfigurations
-    # per job against 3.61 at 5e-3 and 3.75 at 1e-2)
+    # default 1e-2: a tighter gap sends more rounds to the MIP, which on Arena's Philly trace cost far
+    # more decision time than the little average JCT and the fewer restarts it bought (the side-by-side
+    # runs and their command: docs/BENCHMARK.md, "Kept (session 12)")
     "arena": {"backend": "highspy"},
 }
 
