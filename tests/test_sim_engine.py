@@ -212,7 +212,8 @@ def test_run_restores_the_collectors_thresholds_also_when_it_fails(truth, node4)
             return super().decide(snapshot)
 
     Simulator(node4, [job("A", 0, 100, 2)], Watcher(estimator=truth), truth=truth).run()
-    assert seen and all(t[0] == max(before[0], _RUN_GC_THRESHOLD0) and t[1:] == before[1:] for t in seen)  # raised inside the run only
+    # raised inside the run only
+    assert seen and all(t[0] == max(before[0], _RUN_GC_THRESHOLD0) and t[1:] == before[1:] for t in seen)
     assert gc.get_threshold() == before
     with pytest.raises(SimulationError):
         Simulator(node4, [job("A", 0, 100, 2), job("B", 0, 100, 2)], DoubleBooker(estimator=truth), truth=truth).run()
