@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
 
+from arena_opt.edge import unvalidated
 from arena_opt.plan import Plan
 
 Action = Literal["start", "keep", "reshape", "migrate", "preempt", "wait"]
@@ -64,7 +65,7 @@ class JobDecision(BaseModel):
         literals, a str); anything else goes through validation."""
         if type(job_id) is not str or action not in ("wait", "preempt") or type(reason) is not str:
             return cls(job_id=job_id, action=action, reason=reason)
-        return _trusted(cls, {"job_id": job_id, "action": action, "gpu_type": None, "num_gpus": 0, "num_nodes": 0,
+        return unvalidated(cls, {"job_id": job_id, "action": action, "gpu_type": None, "num_gpus": 0, "num_nodes": 0,
                               "placement": {}, "plan": None, "est_iter_time_s": None, "est_throughput": None,
                               "est_slowdown": None, "est_mem_per_gpu_gib": None, "est_band": None,
                               "reason": reason}, _IDLE_SET)
@@ -93,22 +94,11 @@ class JobDecision(BaseModel):
         if not plain:
             return cls(**values)
         values["reason"] = None
-        return _trusted(cls, values, _PLACED_SET)
+        return unvalidated(cls, values, _PLACED_SET)
 
 
 _IDLE_SET = frozenset({"job_id", "action", "reason"})
 _PLACED_SET = frozenset(JobDecision.model_fields) - {"reason"}
-
-
-def _trusted(cls: type[JobDecision], values: dict[str, Any], given: frozenset[str]) -> JobDecision:
-    """A JobDecision of values its callers proved valid, every field given in declaration order (as
-    validation stores them: dumps keep that order); `given`: the fields set by the caller."""
-    new = object.__new__(cls)
-    object.__setattr__(new, "__dict__", values)
-    object.__setattr__(new, "__pydantic_fields_set__", set(given))
-    object.__setattr__(new, "__pydantic_extra__", None)
-    object.__setattr__(new, "__pydantic_private__", None)
-    return new
 
 
 class SolverStats(BaseModel):

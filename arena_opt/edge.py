@@ -9,6 +9,8 @@ import typing
 
 from pydantic import BaseModel, model_validator
 
+_M = typing.TypeVar("_M", bound=BaseModel)
+
 _NUMERIC: dict[type, frozenset[str]] = {}
 
 
@@ -51,3 +53,18 @@ class EdgeModel(BaseModel):
                 if (v is True or v is False) and k in names:
                     raise ValueError(f"{k}: {str(v).lower()} is not a number")
         return data
+
+
+def unvalidated(cls: type[_M], values: dict[str, typing.Any], fields_set: set[str] | frozenset[str]) -> _M:
+    """An instance of `cls` holding `values` as they are, without validation, for hot loops whose callers
+    proved the values valid (`model_construct` is slower than validating: it re-applies defaults field by
+    field). `values` must hold every field in declaration order, as validation stores them, so that dumps
+    keep that order; `fields_set`: the fields the caller gave. Depends on pydantic v2's instance layout,
+    which the callers' tests compare with the validated constructor."""
+    new = object.__new__(cls)
+    _set = object.__setattr__
+    _set(new, "__dict__", values)
+    _set(new, "__pydantic_fields_set__", set(fields_set))
+    _set(new, "__pydantic_extra__", None)
+    _set(new, "__pydantic_private__", None)
+    return new

@@ -27,6 +27,7 @@ from typing import Any, Callable, Literal
 from pydantic import Field
 
 from arena_opt.decision import Decision
+from arena_opt.edge import unvalidated
 from arena_opt.feasibility import InfeasibleDecision, check_decision
 from arena_opt.grids import GridCatalog
 from arena_opt.perf.estimator import GridShape, PerfEstimator
@@ -332,15 +333,9 @@ def _job_now(spec: Job, remaining: float, running: RunningState | None, attained
     """A shallow copy of a job's spec with its live fields set, without validation (`model_copy` does the
     same through slower generic paths; one per active job per round). Only for the simulator's own state,
     which was validated when the trace was loaded."""
-    new = object.__new__(type(spec))
     d = spec.__dict__.copy()
     d["remaining_iterations"], d["running"], d["attained_service_s"], d["waited_s"] = remaining, running, attained, waited
-    _set = object.__setattr__
-    _set(new, "__dict__", d)
-    _set(new, "__pydantic_fields_set__", spec.__pydantic_fields_set__)
-    _set(new, "__pydantic_extra__", None)
-    _set(new, "__pydantic_private__", None)
-    return new
+    return unvalidated(type(spec), d, spec.__pydantic_fields_set__)
 
 
 def _options_dict(opt: SimOptions) -> dict:
