@@ -6,6 +6,7 @@ written by another version) is an error the caller reports, never a silent "no r
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import ConfigDict, Field, ValidationError
@@ -30,6 +31,22 @@ class LaunchRecordInvalid(ValueError):
     def __init__(self, path: Path, error: str) -> None:
         super().__init__(f"{path}: {error}")
         self.path, self.error = path, error
+
+
+_LAUNCH_FILE = re.compile(r"g(\d+)[-.]")
+
+
+def next_generation(root: Path) -> int:
+    """The first generation number no earlier launch in the job directory `root` used: every file a launch
+    writes under logs/ (its record, node logs, exit codes, batch script) starts with gN. A runner started
+    again on the same work directory numbers its launches on from there, so it never overwrites an earlier
+    launch's logs and record, and never reads an earlier launch's progress as its own."""
+    try:
+        names = [p.name for p in (root / "logs").iterdir()]
+    except FileNotFoundError:
+        return 0
+    used = [int(m.group(1)) for n in names if (m := _LAUNCH_FILE.match(n))]
+    return max(used) + 1 if used else 0
 
 
 def launch_record_path(root: Path, generation: int) -> Path:

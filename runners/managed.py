@@ -41,7 +41,7 @@ from models.catalog import Arch
 from runners.base import JobSpec, JobState, Measurement, ObservedJob, Runner, RunnerError, RunTarget, run_target
 from runners.checkpoint import newest_complete
 from runners.events import EventLog
-from runners.launch_record import LaunchRecord, write_launch_record
+from runners.launch_record import LaunchRecord, next_generation, write_launch_record
 from runners.names import safe_name
 from runners.progress import ProgressReader, clear_stop, request_stop
 from runners.spec import TrainSpec, resolve_arch
@@ -182,7 +182,7 @@ class ManagedRunner(Runner):
         if job.job_id in self.jobs:
             raise RunnerError(f"job {job.job_id!r} was already added")
         root = job_root(self.workdir, job.job_id)
-        self.jobs[job.job_id] = _Job(job, root)
+        self.jobs[job.job_id] = _Job(job, root, generation=next_generation(root))
 
     def apply(self, decision: Decision) -> None:
         self._refresh()

@@ -25,6 +25,7 @@ from arena_opt.decision import Decision, JobDecision
 from arena_opt.plan import Plan
 from runners.base import JobSpec
 from runners.local import LocalRunner
+from runners.managed import job_root
 from runners.process import kill_all, pid_alive
 from runners.reference import reference_losses
 from runners.spec import resolve_arch
@@ -227,3 +228,39 @@ def test_per_stage_plans_train_like_the_uniform_plan_and_reshape_through_checkpo
     assert [w for w, _ in starts] == [3, 2, 4] and [s for _, s in starts[1:]] == saved[:2], (starts, saved)
     assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 7))
     assert_losses(runner.losses("s"), reference(spec, 6))
+
+
+def test_runner_started_again_on_its_work_directory_numbers_launches_on(tmp_path):
+    # an operator stops the runner (the job saves) and starts a new one on the same directory: the job
+    # resumes from its checkpoint as the next generation, and the first launch's logs and record stay as they were
+    work = tmp_path / "work"
+    spec = JobSpec(job_id="a", model="gpt-350M", global_batch=4, total_steps=6, step_delay_s=0.3)
+    r = LocalRunner(work, device="cpu", ckpt_interval=2)
+    try:
+        r.add_job(spec)
+        r.apply(decide("a", "start", Plan()))
+        wait(r, "a", lambda s: (s.last_checkpoint_step or 0) >= 2, what="first checkpoint")
+    finally:
+        r.shutdown(save=True)
+        kill_all()
+    saved = max(e["step"] for e in r.events("a") if e["event"] == "checkpoint")
+    logs = job_root(work, "a") / "logs"
+    first = {p.name: p.read_bytes() for p in logs.iterdir() if p.is_file()}
+    assert "g0.launch.json" in first and not any(n.startswith("g1") for n in first)
+    r2 = LocalRunner(work, device="cpu", ckpt_interval=2)
+    try:
+        r2.add_job(spec)
+        r2.apply(decide("a", "start", Plan()))
+        st = wait(r2, "a", lambda s: s.state != "running", what="job to finish")
+        assert st.state == "finished" and st.step == 6 and st.generation == 1, st.message
+        after = {p.name: p.read_bytes() for p in logs.iterdir() if p.is_file()}
+        assert {n: after[n] for n in first} == first, "the first launch's files were overwritten"
+        assert "g1.launch.json" in after
+        events = r2.events("a")
+        assert [e["step"] for e in events if e["event"] == "loaded"] == [saved]
+        assert [e["step"] for e in events if e["event"] == "step" and e["generation"] == 1] == \
+            list(range(saved + 1, 7))
+        assert_losses(r2.losses("a"), reference(spec, 6))
+    finally:
+        r2.shutdown(save=False)
+        kill_all()
