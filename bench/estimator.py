@@ -50,6 +50,10 @@ from arena_opt.io import atomic_write  # noqa: E402
 
 # Arena's runs use Alpa's GShard MoE (dense einsum dispatch, expert group 2048: Arena's configs.py)
 ARENA_BASE = CostParams(moe_einsum_group=2048)
+# The intra-node link of Arena's testbed where it is not the catalog's: its A40 pairs all-reduce at
+# PCIe speed, not over an NVLink bridge (Arena's own per-plan estimates, pp = tp = 1, one node of two:
+# 6.5 GB/s of gradient per second on the A40s, 7 on the PCIe-only A10s, 29 on the NVLink A100s)
+ARENA_INTRA_LINKS = {"a40": "pcie"}
 
 
 def with_fields(params: CostParams, assignments: list[str]) -> CostParams:
@@ -90,7 +94,7 @@ def measured_observations(table: Path | None) -> tuple[Path, list[cal.Observatio
     path = table_path(table)
     if path is None:
         return None
-    return path, cal.observations(PerfTable.load(path, "alpa_optimal"))
+    return path, cal.observations(PerfTable.load(path, "alpa_optimal"), intra_links=ARENA_INTRA_LINKS)
 
 
 def planner_predictions(obs: list[cal.Observation], params: CostParams) -> list[float]:

@@ -219,15 +219,7 @@ def test_pipeline_boundaries_on_the_network_once_the_job_spans_nodes():
 
 
 def test_bench_base_variants_set_cost_params_fields_or_exit_2(monkeypatch, capsys):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    monkeypatch.setattr(sys, "path", [*sys.path, str(bench)])  # after the runners package
-    spec = importlib.util.spec_from_file_location("bench_estimator", bench / "estimator.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_estimator(monkeypatch)
     p = mod.with_fields(mod.ARENA_BASE, ["moe_expert_parallel=true", "mem_eff=0.5"])
     assert p.moe_expert_parallel and p.mem_eff == 0.5 and p.moe_einsum_group == mod.ARENA_BASE.moe_einsum_group
     for bad in ("nope=1", "moe_expert_parallel=maybe", "mem_eff=-1"):
@@ -306,3 +298,36 @@ def test_plan_compute_times_load_and_name_a_bad_field(tmp_path):
     p.write_text(head + good.replace(",2.0,", ",-2,"))
     with pytest.raises(InputError, match=r"t.csv:2: field dp"):
         load_plan_compute_times(p)
+
+
+def _bench_estimator(monkeypatch):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.setattr(sys, "path", [*sys.path, str(bench)])  # after the runners package
+    spec = importlib.util.spec_from_file_location("bench_estimator", bench / "estimator.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_arena_a40_rows_are_priced_on_pcie(monkeypatch, tmp_path):
+    """Arena's A40 pairs all-reduce at PCIe speed: the bench's observations price their intra-node traffic on
+    PCIe, the A100s' on NVLink, so a dp all-reduce inside an A40 node costs more than the catalog's bridge."""
+    mod = _bench_estimator(monkeypatch)
+    head = "flavour,model,param_size,batch_size,gpu_type,num_nodes,gpus_per_node,iter_time_s,status\n"
+    p = tmp_path / "t.csv"
+    p.write_text(head + "alpa_optimal,bert,760M,128,a40,1,2,7.5,ok\nalpa_optimal,bert,760M,128,a100,1,2,3.4,ok\n")
+    _, rows = mod.measured_observations(p)
+    by_type = {o.gpu_type: o for o in rows}
+    assert by_type["a40"].intra_link == "pcie" and by_type["a100-40gb"].intra_link is None
+    o = by_type["a40"]
+    cost = {}
+    for link in (None, o.intra_link):
+        links = links_for(o.gpu, link, CostParams())
+        lc = layer_costs(cost_table(o.arch, CostParams()), o.gpu, "a40", links, params=CostParams(), nodes=1,
+                         gpus_per_node=2, batch=128, dp=2, tp=1, m=1, recompute=False)
+        cost[link] = lc.allreduce_s.sum()
+    assert cost["pcie"] > 1.5 * cost[None]
