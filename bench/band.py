@@ -35,6 +35,7 @@ from arena_opt.perf import calibrate as cal  # noqa: E402
 from arena_opt.perf.analytical import CostParams  # noqa: E402
 from arena_opt.perf.band import DEFAULT_PATH, BandModel, ResidualRow, residuals  # noqa: E402
 from arena_opt.perf.estimator import PerfEstimator  # noqa: E402
+from arena_opt.perf.table import load_plan_compute_times  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 2
     path, obs = loaded
-    folds = cal.leave_one_type_out(obs, ARENA_BASE)  # each fit sees the other types' rows only
+    # each fit sees the other types' rows only, as bench/estimator.py's folds
+    folds = cal.leave_one_type_out(obs, ARENA_BASE, plan_times=load_plan_compute_times(path))
     fold_params = {held: res.params.model_dump() for held, res in folds.items()}
     rows: list[ResidualRow] = []
     for held, res in folds.items():

@@ -45,11 +45,15 @@ from _perf_common import (arena_estimates, command, err_stats, fmt_pct, git_rev,
 from arena_opt.perf import calibrate as cal
 from arena_opt.perf.analytical import CALIBRATED_PATH, CostParams
 from arena_opt.perf.estimator import PerfEstimator
-from arena_opt.perf.table import PerfTable
+from arena_opt.perf.table import PerfTable, load_plan_compute_times
 from arena_opt.io import atomic_write  # noqa: E402
 
 # Arena's runs use Alpa's GShard MoE (dense einsum dispatch, expert group 2048: Arena's configs.py)
 ARENA_BASE = CostParams(moe_einsum_group=2048)
+# The intra-node link of Arena's testbed where it is not the catalog's: its A40 pairs all-reduce at
+# PCIe speed, not over an NVLink bridge (Arena's own per-plan estimates, pp = tp = 1, one node of two:
+# 6.5 GB/s of gradient per second on the A40s, 7 on the PCIe-only A10s, 29 on the NVLink A100s)
+ARENA_INTRA_LINKS = {"a40": "pcie"}
 
 
 def with_fields(params: CostParams, assignments: list[str]) -> CostParams:
@@ -90,7 +94,7 @@ def measured_observations(table: Path | None) -> tuple[Path, list[cal.Observatio
     path = table_path(table)
     if path is None:
         return None
-    return path, cal.observations(PerfTable.load(path, "alpa_optimal"))
+    return path, cal.observations(PerfTable.load(path, "alpa_optimal"), intra_links=ARENA_INTRA_LINKS)
 
 
 def planner_predictions(obs: list[cal.Observation], params: CostParams) -> list[float]:
@@ -153,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path, obs = loaded
     types = sorted({o.gpu_type for o in obs})
-    log(f"{len(obs)} measured rows, GPU types {types}")
+    # Arena's per-plan compute times pin each family's saturation (calibrate.fit_saturation); a fold
+    # gets those of its training types only
+    plan_times = load_plan_compute_times(path)
+    log(f"{len(obs)} measured rows, GPU types {types}, {len(plan_times)} per-plan compute times")
 
     if args.loto_only:
         held = args.types.split(",") if args.types else None
@@ -161,13 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"--types: no measured rows of {', '.join(unknown)} (have {', '.join(types)})", file=sys.stderr)
             return 2
-        print(loto_summary(obs, cal.leave_one_type_out(obs, base, spec, held=held, jobs=args.jobs),
+        print(loto_summary(obs, cal.leave_one_type_out(obs, base, spec, held=held, jobs=args.jobs,
+                                                                plan_times=plan_times),
                            by_shape=args.by_shape))
         return 0
 
     if args.params_only:
         log("in-sample fit on all types")
-        write_params(cal.fit(obs, base, spec).params, args.out, args.params_out)
+        write_params(cal.fit(obs, base, spec, plan_times).params, args.out, args.params_out)
         return 0
 
     # uncalibrated defaults (what the estimator uses without a calibration)
@@ -175,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     uncal = grouped(obs, rel_errors(obs, default_pred))
 
     log("in-sample fit on all types")
-    full = cal.fit(obs, base, spec)
+    full = cal.fit(obs, base, spec, plan_times)
     insample_pred = [t for t, _ in cal.predict(obs, full.params, cal.ARENA_SPACE)]
     insample = grouped(obs, rel_errors(obs, insample_pred))
     insample_planner = grouped(obs, rel_errors(obs, planner_predictions(obs, full.params)))
@@ -186,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     fold_params = {}
     t0 = time.perf_counter()
-    folds = cal.leave_one_type_out(obs, base, spec, jobs=args.jobs)  # each fit sees the other types' rows only
+    # each fit sees the other types' rows only
+    folds = cal.leave_one_type_out(obs, base, spec, jobs=args.jobs, plan_times=plan_times)
     log(f"{len(folds)} leave-one-type-out fits, {time.perf_counter() - t0:.0f} s")
     by_key = {}
     for space_name, space in (("reference", cal.ARENA_SPACE), ("planner", cal.PLANNER_SPACE)):

@@ -219,6 +219,88 @@ def test_pipeline_boundaries_on_the_network_once_the_job_spans_nodes():
 
 
 def test_bench_base_variants_set_cost_params_fields_or_exit_2(monkeypatch, capsys):
+    mod = _bench_estimator(monkeypatch)
+    p = mod.with_fields(mod.ARENA_BASE, ["moe_expert_parallel=true", "mem_eff=0.5"])
+    assert p.moe_expert_parallel and p.mem_eff == 0.5 and p.moe_einsum_group == mod.ARENA_BASE.moe_einsum_group
+    for bad in ("nope=1", "moe_expert_parallel=maybe", "mem_eff=-1"):
+        assert mod.main(["--loto-only", "--base", bad]) == 2
+        assert bad.split("=")[0] in capsys.readouterr().err
+    assert mod.main(["--loto-only", "--envelope-weight", "-1"]) == 2
+    assert "--envelope-weight" in capsys.readouterr().err
+
+
+def _pure_dp_times(family_s: dict[str, float], gpu: str = "a40", level: float = 2.0) -> list:
+    """Per-plan compute times of pure data-parallel plans whose GPU-seconds grow as (1 + s / b)."""
+    from arena_opt.perf.table import PlanComputeTime
+
+    out = []
+    for model, s in (("bert-760M", family_s["bert"]), ("wide_resnet-500M", family_s["wide_resnet"])):
+        for batch in (256, 512):
+            for dp in (1, 2, 4, 8):
+                b = batch / dp / 16  # Arena's 16 micro-batches
+                out.append(PlanComputeTime(model, batch, gpu, 1, dp, 1, level * batch * (1 + s / b) / dp))
+    return out
+
+
+def test_saturation_is_recovered_from_per_plan_compute_times():
+    times = _pure_dp_times({"bert": 0.05, "wide_resnet": 3.5})
+    # plans with a pipeline or tp do not enter (their compute is not a pure micro-batch effect)
+    from arena_opt.perf.table import PlanComputeTime
+
+    times.append(PlanComputeTime("bert-760M", 256, "a40", 1, 2, 2, 1e-6))
+    sat = cal.fit_saturation(times)
+    assert sat["bert"] == pytest.approx(0.05, rel=0.02)
+    assert sat["wide_resnet"] == pytest.approx(3.5, rel=0.02)
+    # a grid's own level (the GPU type's speed) does not move it
+    assert cal.fit_saturation(_pure_dp_times({"bert": 0.05, "wide_resnet": 3.5}, level=7.0)) == sat
+
+
+def test_held_saturation_is_taken_from_plan_times_of_the_training_types_only():
+    spec = cal.FitSpec(per_type=False, fit_globals=("saturation_samples",), rounds=1, envelope_space=None)
+    cases = _measured(CASES, CostParams(default_compute_eff=0.4), cal.ARENA_SPACE)
+    times = _pure_dp_times({"bert": 0.05, "wide_resnet": 3.5}, gpu="a10")
+    times += _pure_dp_times({"bert": 9.0, "wide_resnet": 9.0}, gpu="a40")  # only the a40 fold must not see these
+    folds = cal.leave_one_type_out(cases, CostParams(), spec, held=["a40", "v100-32gb"], plan_times=times)
+    assert folds["a40"].params.saturation_samples["wide_resnet"] == pytest.approx(3.5, rel=0.02)
+    assert folds["v100-32gb"].params.saturation_samples["wide_resnet"] > 3.5 * 1.2
+    # held families are not fitted; a family without plan times still is
+    assert "saturation_samples:wide_resnet" not in folds["a40"].fitted
+    assert "saturation_samples:moe" in folds["a40"].fitted
+
+
+def test_smaller_micro_batches_cost_more_with_saturation():
+    """The held saturation prices the micro-batch count the planner turns: at one batch, more micro-batches
+    (fewer samples each) cost more compute, and a larger saturation costs more."""
+    arch, gpu = get_arch("wide_resnet-500M"), BUILTIN_GPUS["a40"]
+
+    def compute(s, m):
+        p = CostParams(saturation_samples={"wide_resnet": s})
+        t, links = cost_table(arch, p), links_for(gpu, None, p)
+        lc = layer_costs(t, gpu, "a40", links, params=p, nodes=1, gpus_per_node=1, batch=256, dp=1, tp=1, m=m,
+                         recompute=False)
+        return m * lc.step_s.sum()
+
+    assert compute(3.5, 4) < compute(3.5, 16) < compute(3.5, 64)
+    assert compute(0.1, 16) < compute(3.5, 16)
+
+
+def test_plan_compute_times_load_and_name_a_bad_field(tmp_path):
+    from arena_opt.errors import InputError
+    from arena_opt.perf.table import load_plan_compute_times
+
+    head = "flavour,model,param_size,batch_size,gpu_type,num_nodes,gpus_per_node,pp,dp,tp,iter_time_s,comp_time_s,status\n"
+    good = "arena_estimated,bert,760M,128,a100,1,2,1.0,2.0,1.0,3.5,3.1,ok\n"
+    other = "alpa_optimal,bert,760M,128,a100,1,2,,,,3.4,,ok\n"
+    p = tmp_path / "t.csv"
+    p.write_text(head + good + other)
+    (row,) = load_plan_compute_times(p)
+    assert (row.model, row.gpu_type, row.dp, row.comp_s) == ("bert-760M", "a100-40gb", 2, 3.1)
+    p.write_text(head + good.replace(",2.0,", ",-2,"))
+    with pytest.raises(InputError, match=r"t.csv:2: field dp"):
+        load_plan_compute_times(p)
+
+
+def _bench_estimator(monkeypatch):
     import importlib.util
     import sys
     from pathlib import Path
@@ -228,10 +310,24 @@ def test_bench_base_variants_set_cost_params_fields_or_exit_2(monkeypatch, capsy
     spec = importlib.util.spec_from_file_location("bench_estimator", bench / "estimator.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    p = mod.with_fields(mod.ARENA_BASE, ["moe_expert_parallel=true", "mem_eff=0.5"])
-    assert p.moe_expert_parallel and p.mem_eff == 0.5 and p.moe_einsum_group == mod.ARENA_BASE.moe_einsum_group
-    for bad in ("nope=1", "moe_expert_parallel=maybe", "mem_eff=-1"):
-        assert mod.main(["--loto-only", "--base", bad]) == 2
-        assert bad.split("=")[0] in capsys.readouterr().err
-    assert mod.main(["--loto-only", "--envelope-weight", "-1"]) == 2
-    assert "--envelope-weight" in capsys.readouterr().err
+    return mod
+
+
+def test_arena_a40_rows_are_priced_on_pcie(monkeypatch, tmp_path):
+    """Arena's A40 pairs all-reduce at PCIe speed: the bench's observations price their intra-node traffic on
+    PCIe, the A100s' on NVLink, so a dp all-reduce inside an A40 node costs more than the catalog's bridge."""
+    mod = _bench_estimator(monkeypatch)
+    head = "flavour,model,param_size,batch_size,gpu_type,num_nodes,gpus_per_node,iter_time_s,status\n"
+    p = tmp_path / "t.csv"
+    p.write_text(head + "alpa_optimal,bert,760M,128,a40,1,2,7.5,ok\nalpa_optimal,bert,760M,128,a100,1,2,3.4,ok\n")
+    _, rows = mod.measured_observations(p)
+    by_type = {o.gpu_type: o for o in rows}
+    assert by_type["a40"].intra_link == "pcie" and by_type["a100-40gb"].intra_link is None
+    o = by_type["a40"]
+    cost = {}
+    for link in (None, o.intra_link):
+        links = links_for(o.gpu, link, CostParams())
+        lc = layer_costs(cost_table(o.arch, CostParams()), o.gpu, "a40", links, params=CostParams(), nodes=1,
+                         gpus_per_node=2, batch=128, dp=2, tp=1, m=1, recompute=False)
+        cost[link] = lc.allreduce_s.sum()
+    assert cost["pcie"] > 1.5 * cost[None]

@@ -36,7 +36,7 @@ from arena_opt.gpus import BUILTIN_GPUS, GpuSpec
 from arena_opt.perf.analytical import (GIB, CostParams, cost_table, intra_link_kind, layer_terms, links_for,
                                        rate_vector)
 from arena_opt.perf.compose import evaluate_split, split_stages
-from arena_opt.perf.table import PerfTable
+from arena_opt.perf.table import PerfTable, PlanComputeTime
 from arena_opt.plan import Plan
 from arena_opt.perf.planner import microbatch_counts, tp_degrees
 from models.catalog import ARCHITECTURES, Arch
@@ -227,6 +227,43 @@ def predict(obs: list[Observation], params: CostParams, space: RuntimeSpace) -> 
     return out
 
 
+# candidate values of a family's saturation (samples); the grid's step is 1% of s
+_SATURATION_GRID = np.geomspace(1e-3, 1e2, 1200)
+
+
+def fit_saturation(times: list[PlanComputeTime], space: RuntimeSpace = ARENA_SPACE) -> dict[str, float]:
+    """Per model family, the saturation (`CostParams.saturation_samples`) that best explains how the
+    compute time of one grid's pure data-parallel plans (pp = tp = 1) grows when dp splits the batch
+    into smaller micro-batches: GPU-seconds dp * t_comp go as (1 + s / b) with b = batch / (dp * m).
+
+    Why from these rows: the measured optima hold the micro-batch size nearly fixed per placement and
+    leave s to trade against the slot cost and the efficiencies (folds fitted 0.15 to 3.5 samples for
+    Wide-ResNet); Arena's per-plan compute times (profiled stages, no communication) vary b at one
+    grid. Each grid's own level is eliminated (only ratios within a grid count), so the GPU type's
+    speed does not enter; families with no grid of two dp values are left out."""
+    groups: dict[tuple, dict[int, float]] = {}
+    for t in times:
+        if t.pp == 1 and t.tp == 1 and t.model in ARCHITECTURES and t.batch % t.dp == 0:
+            g = groups.setdefault((t.model, t.batch, t.gpu_type), {})
+            g[t.dp] = min(g.get(t.dp, math.inf), t.dp * t.comp_s)  # repeated estimates: the best run
+    by_family: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for (model, batch, _), g in groups.items():
+        if len(g) < 2:
+            continue
+        dps = sorted(g)
+        b = np.array([(batch // d) / _microbatches(space, batch // d, 1)[0] for d in dps])
+        y = np.log([g[d] for d in dps])
+        by_family.setdefault(ARCHITECTURES[model].family, []).append((b, y - y.mean()))
+    out = {}
+    for fam, rows in sorted(by_family.items()):
+        sse = np.zeros_like(_SATURATION_GRID)
+        for b, y in rows:
+            f = np.log1p(_SATURATION_GRID[:, None] / b[None, :])
+            sse += ((f - f.mean(axis=1, keepdims=True) - y) ** 2).sum(axis=1)
+        out[fam] = float(_SATURATION_GRID[int(np.argmin(sse))])
+    return out
+
+
 def _pseudo_huber(r: np.ndarray, delta: float) -> np.ndarray:
     return delta * delta * (np.sqrt(1.0 + (r / delta) ** 2) - 1.0)
 
@@ -380,10 +417,16 @@ def _fit_stage(obs: list[Observation], params: CostParams, names: list[str], per
     return params, loss
 
 
-def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | None = None) -> FitResult:
-    """Fit the shared efficiency and the global parameters, then (optionally) one efficiency per type."""
+def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | None = None,
+        plan_times: list[PlanComputeTime] | None = None) -> FitResult:
+    """Fit the shared efficiency and the global parameters, then (optionally) one efficiency per type.
+    With `plan_times` (Arena's per-plan compute times of the same types), each family's saturation is
+    taken from them (`fit_saturation`) and held, not fitted on the measured optima."""
     spec = spec or FitSpec()
     base = (base or CostParams()).model_copy(update={"compute_eff": {}})
+    held_sat = fit_saturation(plan_times) if plan_times else {}
+    if held_sat:
+        base = base.model_copy(update={"saturation_samples": {**base.saturation_samples, **held_sat}})
     names = ["default_compute_eff"]
     for g in spec.fit_globals:
         if g == "intra_eff" and spec.shared_link_eff:
@@ -393,7 +436,7 @@ def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | 
             names += [f"intra_eff:{k}" for k in sorted({intra_link_kind(o.gpu, o.intra_link) for o in obs
                                                         if o.gpus_per_node > 1})]
         elif g == "saturation_samples":
-            names += [f"saturation_samples:{f}" for f in sorted({o.arch.family for o in obs})]
+            names += [f"saturation_samples:{f}" for f in sorted({o.arch.family for o in obs} - set(held_sat))]
         elif g == "inter_comm_eff":
             names += [g] if any(o.nodes > 1 for o in obs) else []
         else:
@@ -408,20 +451,23 @@ def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | 
 
 
 def _fold(args: tuple) -> FitResult:
-    held, obs, base, spec = args
-    res = fit([o for o in obs if o.gpu_type != held], base, spec)
+    held, obs, base, spec, plan_times = args
+    train_times = [t for t in plan_times if t.gpu_type != held] if plan_times else None
+    res = fit([o for o in obs if o.gpu_type != held], base, spec, train_times)
     if held in res.params.compute_eff:
         raise AssertionError(f"fold {held}: the held-out type got its own efficiency")
     return res
 
 
 def leave_one_type_out(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | None = None,
-                       held: list[str] | None = None, jobs: int = 1) -> dict[str, FitResult]:
-    """One fit per GPU type T on the rows of the other types only: T's rows never reach its fit, and T
-    is priced with the shared efficiency (out-of-sample for an unseen type). `held`: only these folds;
-    `jobs` > 1 fits folds in that many processes (the folds are independent: same results)."""
+                       held: list[str] | None = None, jobs: int = 1,
+                       plan_times: list[PlanComputeTime] | None = None) -> dict[str, FitResult]:
+    """One fit per GPU type T on the rows of the other types only: T's rows (measured and, with
+    `plan_times`, Arena's per-plan compute times) never reach its fit, and T is priced with the shared
+    efficiency (out-of-sample for an unseen type). `held`: only these folds; `jobs` > 1 fits folds in
+    that many processes (the folds are independent: same results)."""
     types = sorted({o.gpu_type for o in obs}) if held is None else sorted(held)
-    work = [(t, obs, base, spec) for t in types]
+    work = [(t, obs, base, spec, plan_times) for t in types]
     if jobs > 1 and len(work) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -464,4 +510,5 @@ def loto_residuals(obs: list[Observation], folds: dict[str, FitResult], space: R
 
 
 __all__ = ["ARENA_SPACE", "PLANNER_SPACE", "FitResult", "FitSpec", "Observation", "Residual", "RuntimeSpace", "fit",
+           "fit_saturation",
            "leave_one_type_out", "loto_residuals", "nelder_mead", "observations", "predict", "residuals"]

@@ -43,6 +43,15 @@ class TableRow(BaseModel):
         return canonical_gpu(v)
 
 
+def _validated(model: type[TableRow], raw: dict, path: Path, lineno: int):
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise InputError(f"{path}:{lineno}: field {'.'.join(map(str, err['loc']))}: {err['msg']} "
+                         f"(value {err.get('input')!r})") from None
+
+
 Key = tuple[str, int, str, int, int]  # (catalog model, batch, gpu type, nodes, gpus per node)
 
 
@@ -78,12 +87,7 @@ class PerfTable:
             for lineno, raw in enumerate(reader, start=2):
                 if raw.get("flavour") != flavour:
                     continue
-                try:
-                    row = TableRow.model_validate(raw)
-                except ValidationError as e:
-                    err = e.errors()[0]
-                    raise InputError(f"{path}:{lineno}: field {'.'.join(map(str, err['loc']))}: {err['msg']} "
-                                     f"(value {err.get('input')!r})") from None
+                row = _validated(TableRow, raw, path, lineno)
                 name = arena_model_name(f"{row.model}__{row.param_size}")
                 key = (name, row.batch_size, row.gpu_type, row.num_nodes, row.gpus_per_node)
                 times[key] = row.iter_time_s if row.status == "ok" else None
@@ -105,3 +109,58 @@ def default_table_path() -> Path | None:
         return Path(env)
     d = default_data_dir()
     return d / "prof_records.csv" if d and (d / "prof_records.csv").is_file() else None
+
+
+class PlanTimeRow(TableRow):
+    """An `arena_estimated` row: one plan's shape and the compute part of its estimated iteration time."""
+
+    pp: PositiveInt
+    dp: PositiveInt
+    tp: PositiveInt
+    comp_time_s: PositiveFloat | None = None
+
+    @field_validator("pp", "dp", "tp", mode="before")
+    @classmethod
+    def _count(cls, v):
+        return int(float(v)) if isinstance(v, str) and v.strip() else v
+
+    @field_validator("comp_time_s", mode="before")
+    @classmethod
+    def _empty_comp(cls, v):
+        return None if v in ("", None) else v
+
+
+@dataclass(frozen=True)
+class PlanComputeTime:
+    """Compute time (no communication) of one plan of one grid, as Arena's profiler composed it from
+    per-stage measurements."""
+
+    model: str  # catalog name
+    batch: int
+    gpu_type: str
+    pp: int
+    dp: int
+    tp: int
+    comp_s: float
+
+
+def load_plan_compute_times(path: str | Path, flavour: str = "arena_estimated") -> list[PlanComputeTime]:
+    """Every `flavour` row of Arena's table with a compute time (an InputError naming the line and field
+    where a row is malformed)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: performance table not found")
+    out = []
+    with io.StringIO(read_text(path, "performance table"), newline="") as f:
+        reader = csv.DictReader(f)
+        missing = {"flavour", "pp", "dp", "tp", "comp_time_s"} - set(reader.fieldnames or [])
+        if missing:
+            raise InputError(f"{path}: missing columns {', '.join(sorted(missing))}")
+        for lineno, raw in enumerate(reader, start=2):
+            if raw.get("flavour") != flavour or raw.get("status", "ok") != "ok":
+                continue
+            row = _validated(PlanTimeRow, raw, path, lineno)
+            if row.comp_time_s is not None:
+                out.append(PlanComputeTime(arena_model_name(f"{row.model}__{row.param_size}"), row.batch_size,
+                                           row.gpu_type, row.pp, row.dp, row.tp, row.comp_time_s))
+    return out
