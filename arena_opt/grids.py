@@ -55,8 +55,8 @@ class Grid:
     def num_gpus(self) -> int:
         return self.shape.num_gpus
 
-    @property
-    def multi_node(self) -> bool:
+    @cached_property
+    def multi_node(self) -> bool:  # read for every running job of every round (the contention's may-share test)
         return self.shape.nodes > 1
 
     @cached_property
