@@ -55,8 +55,8 @@ class Grid:
     def num_gpus(self) -> int:
         return self.shape.num_gpus
 
-    @property
-    def multi_node(self) -> bool:
+    @cached_property
+    def multi_node(self) -> bool:  # read for every running job of every round (the contention's may-share test)
         return self.shape.nodes > 1
 
     @cached_property
@@ -131,7 +131,7 @@ class GridCatalog:
         self._workloads: dict[tuple, WorkloadOptions] = {}
         self._by_job: dict[str, tuple] = {}  # job id -> (its workload entry, options by (type, count))
         self._current: dict[str, tuple] = {}  # job id -> (entry, placement, plan, running grid)
-        self._derived: dict[tuple, tuple] = {}  # (job id, what) -> (its options, value)
+        self._derived: dict[tuple, tuple] = {}  # (job id, what) -> (the workload entry of its options, value)
         self._grids: dict[tuple, tuple] = {}  # (job id, prune) -> (entry, running state, its shape, grids)
         self._ahead: set[tuple] = set()  # workloads whose grid shapes were handed to the planner together
         self._cluster: _Cluster | None = None
@@ -143,7 +143,7 @@ class GridCatalog:
 
     def _fresh(self) -> None:
         """Drop everything computed under an older estimator version."""
-        v = self.estimator.version
+        v = self._estimator().version  # once per job per round: the weak reference without the property
         if v != self._version:
             self._plans.clear()
             self._workloads.clear()
@@ -261,11 +261,13 @@ class GridCatalog:
                 max_gpus_default: int = 16):
         """`compute(options)` of the job (a policy's view of its options, e.g. its grids of one count in
         order), cached as long as the job's options are: `what` names the view."""
-        opts = self.options(job, snapshot, max_gpus_default=max_gpus_default)
+        # kept with the workload entry its options come from (a new entry, new options): a round's hit asks
+        # for the entry alone, not for the options too
+        entry = self._entry(job, self.cluster(snapshot), max_gpus_default)
         key = (job.id, what)
         hit = self._derived.get(key)
-        if hit is None or hit[0] is not opts:
-            hit = self._derived[key] = (opts, compute(opts))
+        if hit is None or hit[0] is not entry:
+            hit = self._derived[key] = (entry, compute(self.options(job, snapshot, max_gpus_default=max_gpus_default)))
         return hit[1]
 
     # ---- internals ---------------------------------------------------------------------------------

@@ -101,7 +101,10 @@ class Plan(EdgeModel):
         """(field, why) when the global batch does not split into every stage's replicas and each
         replica's share into whole micro-batches; None when it does."""
         m = self.num_microbatches
-        # a uniform plan has one dp to check (and no stage to name); a per-stage plan names the stage
+        # a uniform plan has one dp to check (and no stage to name); a per-stage plan names the stage.
+        # Checked for every running job of every round: the common pass builds no list and no message
+        if self.stage_shapes is None and not batch % self.dp and not (batch // self.dp) % m:
+            return None
         stages = [(None, self.dp)] if self.stage_shapes is None else \
             [(k, dp) for k, (dp, _) in enumerate(self.stage_shapes)]
         for k, dp in stages:

@@ -118,10 +118,11 @@ def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Gri
     `options`: the policy's options as JSON, recorded in the decision."""
     out = []
     unselected = "not selected: higher-value jobs use the capacity"
+    idle, reason = JobDecision.idle, reasons.get  # once per job per round: bound here
     for job in snapshot.jobs:
         g = chosen.get(job.id)
         if g is None:  # most jobs of a big round: the short rule, without action_for's arguments
-            out.append(JobDecision.idle(job.id, action_without_grid(job), reasons.get(job.id, unselected)))
+            out.append(idle(job.id, action_without_grid(job), reason(job.id, unselected)))
             continue
         pl = placements.get(job.id)
         act = action_for(job, g, pl)

@@ -33,6 +33,7 @@ class PackedPolicy(GridPolicy):
         self._occupancy: Occupancy | None = None  # this round's (start_state), with its contention
         self._totals: tuple[ClusterSnapshot, dict[str, int]] | None = None  # GPUs per type, for reasons
         self._catalog: tuple[PerfEstimator, float | None, GridCatalog] | None = None  # see `catalog`
+        self._sorted: dict[str, tuple[Placement, Placement]] = {}  # last round's, see `_sorted_placement`
 
     @property
     def catalog(self) -> GridCatalog:
@@ -85,17 +86,32 @@ class PackedPolicy(GridPolicy):
         contention), and each running job's current grid and placement."""
         chosen: dict[str, Grid] = {}
         placements: dict[str, Placement] = {}
+        catalog, last = self.catalog, self._sorted
+        self._sorted = {}
         for j in snapshot.jobs:
-            if j.running is None:
+            r = j.running
+            if r is None:
                 continue
-            g = self.catalog.current(j, snapshot)
+            g = catalog.current(j, snapshot)
             if g is None:  # the estimate says the running allocation is infeasible: let it go
                 continue
             chosen[j.id] = g
-            placements[j.id] = {nid: sorted(gs) for nid, gs in j.running.placement.items()}
+            placements[j.id] = self._sorted_placement(j.id, r.placement, last)
         occ = self._occupancy = self._held.of(snapshot, [(j, pl, chosen[j]) for j, pl in placements.items()],
                                               self.contention(snapshot))
         return occ, chosen, placements
+
+    def _sorted_placement(self, job_id: str, placement: Placement, last: dict[str, tuple[Placement, Placement]]
+                          ) -> Placement:
+        """The running placement with each node's GPUs in order. An allocation that stands is the same
+        object round after round (a simulator's, a live loop's own), so last round's sorted copy serves
+        (no policy edits a placement: occupancy and decisions copy or replace them), and the occupancy's
+        comparison with last round's holdings finds the same lists."""
+        hit = last.get(job_id)
+        if hit is None or hit[0] is not placement:
+            hit = (placement, {nid: sorted(gs) for nid, gs in placement.items()})
+        self._sorted[job_id] = hit
+        return hit[1]
 
 
 def place_changes(pack: Occupancy, chosen: dict[str, Grid], current: dict[str, Grid], held: dict[str, Placement],

@@ -213,16 +213,18 @@ class Simulator:
     # ---- ticks -----------------------------------------------------------------------------------
     def _tick(self, t: float) -> None:
         jobs = []
+        add, sync = jobs.append, self._sync  # once per active job per round: bound here
         for sj in self.active.values():
-            running = sj.rec.status == RUNNING
+            rec = sj.rec
+            running = rec.status == RUNNING
             if running:
-                self._sync(sj, t)
+                sync(sj, t)
                 if sj.running_state is None or sj.snap_version != sj.version:
                     sj.running_state = RunningState.model_construct(gpu_type=sj.gpu_type, placement=sj.placement,
                                                                     plan=sj.plan, since=sj.since)
             sj.snap_version = sj.version
-            jobs.append(_job_now(sj.spec, min(float(sj.total), max(0.0, sj.remaining)),
-                                 sj.running_state if running else None, sj.rec.gpu_seconds, sj.rec.waited_until(t)))
+            add(_job_now(sj.spec, min(float(sj.total), max(0.0, sj.remaining)),
+                         sj.running_state if running else None, rec.gpu_seconds, rec.waited_until(t)))
         # every field given: a default left to model_construct costs an inspect.signature per round
         snap = ClusterSnapshot.model_construct(version=1, time=t, gpu_catalog=self.cluster.gpu_catalog,
                                                nodes=self.cluster.nodes, jobs=jobs, notes=[])
