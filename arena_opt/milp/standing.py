@@ -45,7 +45,7 @@ def keep_standing(p: ClusterProblem, sel: dict[int, int], bound: float | None, m
     first, each revert kept only when the selection still packs and loses nothing, or, with `share` > 0,
     loses at most `share` of the objective in all and stays within `mip_gap` of `bound` (never without a
     bound or with `sel` already past the gap). `until`: a time.perf_counter() value after which no further
-    revert is tried (a shared node's revert remakes the packing vectors: at 170,000 grids tens of ms)."""
+    revert is tried."""
     obj = p.objective(sel)
     moved = _moved(p, sel)
     if not moved:
@@ -80,8 +80,8 @@ def keep_standing(p: ClusterProblem, sel: dict[int, int], bound: float | None, m
 class _Fits:
     """Whether a revert keeps the selection packed, on milp/local.py's pool-threshold vectors: a job
     alone on its nodes changes the slack by its two options' vectors; a job that shares a node changes
-    that node's free capacity, so its revert is checked on vectors made anew (the same rows as
-    `ClusterProblem.feasible`, at a vector sum instead of a Python pass over every grid per check)."""
+    that node's free capacity, so its revert is checked on the capacities `Packing.caps` gives for it (the
+    same rows as `ClusterProblem.feasible`, at a sum over the shared nodes instead of a new packing)."""
 
     def __init__(self, p: ClusterProblem, sel: dict[int, int]):
         self.p = p
@@ -92,11 +92,11 @@ class _Fits:
         """Whether `sel` with job `j` on grid `k` packs; if so the slack is updated to it (`sel` is not)."""
         if self.pk.pinned[j]:
             trial = {**sel, j: k}
-            pk = Packing(self.p, trial)
-            slack = pk.slack(trial)
+            cap = self.pk.caps(trial)
+            slack = self.pk.slack(trial, cap)
             if np.any(slack < -_EPS):
                 return False
-            self.pk, self.slack = pk, slack
+            self.pk.cap, self.slack = cap, slack
             return True
         dv = self.pk.vec[k] - self.pk.vec[sel.get(j, self.pk.none)]
         if np.any(dv > self.slack + _EPS):
