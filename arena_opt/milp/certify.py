@@ -30,6 +30,7 @@ from arena_opt.milp.linear import LinearModel, to_highs
 from arena_opt.milp.model import level1_model, model_constant, selection_from
 from arena_opt.milp.problem import ClusterProblem
 from arena_opt.milp.solve import SolveResult, highs_basis, run_highs
+from arena_opt.milp.standing import relative_gap
 
 # the relaxation's integer columns count as integral within this (HiGHS's own mip_feasibility_tolerance)
 _INTEGRAL_TOL = 1e-6
@@ -50,7 +51,7 @@ class Relaxation:
         if self.selection is None:
             return None
         obj = p.objective(self.selection)
-        return SolveResult(dict(self.selection), "optimal", obj, self.bound, _gap(self.bound, obj),
+        return SolveResult(dict(self.selection), "optimal", obj, self.bound, relative_gap(self.bound, obj),
                            self.build_s, self.solve_s)
 
     def rounded(self, p: ClusterProblem) -> dict[int, int] | None:
@@ -72,7 +73,7 @@ class Relaxation:
         """`start` when its objective is within `mip_gap` of the bound (status `optimal_within_gap`, with the
         bound and the gap), else None: the relaxation proves nothing, the MIP has to."""
         obj = p.objective(start)
-        gap = _gap(self.bound, obj)
+        gap = relative_gap(self.bound, obj)
         if gap > mip_gap:
             return None
         return SolveResult(dict(start), WITHIN_GAP, obj, self.bound, gap, self.build_s, self.solve_s)
@@ -147,8 +148,3 @@ def relax(p: ClusterProblem, *, threads: int, deadline: float | None = None,
     integral = bool(np.all(np.abs(x[integer] - np.round(x[integer])) <= _INTEGRAL_TOL))
     # an integral optimum satisfies every row with integral integer columns: a feasible selection
     return Relaxation(bound, selection_from(x, p) if integral else None, t1 - t0, t2 - t1, x[: len(p.grids)])
-
-
-def _gap(bound: float, obj: float) -> float:
-    """Relative gap as solve_problem reports it (never below 0: the bound is an upper bound)."""
-    return max(0.0, bound - obj) / max(abs(obj), 1e-9)

@@ -43,6 +43,9 @@ class Packing:
         first = {key: cols[(key, pi.thresholds[0])] for key, pi in p.pools.items()}
         pool_of = np.array([first[key] for key in p.pool_of], dtype=np.int64)
         new = ~p.current
+        # a shared node's capacity depends on which of its running jobs stay (sel): kept apart, so that
+        # another selection's capacities are a sum over the shared nodes, not a new packing
+        self._shared: list[tuple[list[int], list[int], int, list[tuple[int, int]]]] = []
         for key, pi in p.pools.items():
             g = pi.gpus_per_node
             ks = np.flatnonzero(new & (pool_of == first[key]))
@@ -62,21 +65,32 @@ class Packing:
             for users in pi.occupied.values():
                 if len(users) < 2:
                     continue
-                kept = 0
-                for j, held in users:
+                for j, _ in users:
                     self.pinned[j] = True
-                    if cur[j] >= 0 and sel.get(j) == cur[j]:
-                        kept += held
-                for s in pi.thresholds:
-                    self.cap[cols[(key, s)]] += s * ((g - kept) // s)
+                self._shared.append(([cols[(key, s)] for s in pi.thresholds], list(pi.thresholds), g, users))
+        self._free_cap, self._cur = self.cap, cur
+        self.cap = self.caps(sel)
         self.none = n
 
-    def slack(self, sel: dict[int, int]) -> np.ndarray:
+    def caps(self, sel: dict[int, int]) -> np.ndarray:
+        """The capacity per pool threshold when `sel`'s running jobs on shared nodes are the ones kept."""
+        cap = self._free_cap.copy()
+        cur = self._cur
+        for cs, ths, g, users in self._shared:
+            kept = 0
+            for j, held in users:
+                if cur[j] >= 0 and sel.get(j) == cur[j]:
+                    kept += held
+            for c, s in zip(cs, ths):
+                cap[c] += s * ((g - kept) // s)
+        return cap
+
+    def slack(self, sel: dict[int, int], cap: np.ndarray | None = None) -> np.ndarray:
         """Capacity left per pool threshold under `sel` (all >= 0 iff `sel` packs, for the kept status of
-        the pinned jobs this packing was made with)."""
+        the pinned jobs this packing was made with, or the capacities `cap`)."""
         at = np.full(len(self.pinned), self.none, dtype=np.int64)
         at[list(sel)] = list(sel.values())
-        return self.cap - self.vec[at].sum(axis=0)
+        return (self.cap if cap is None else cap) - self.vec[at].sum(axis=0)
 
 
 def improve(p: ClusterProblem, sel: dict[int, int], until: float | None = None, max_rounds: int = 200,

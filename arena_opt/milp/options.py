@@ -98,6 +98,11 @@ class ArenaOptions(SolverOptions):
     mip_gap: NonNegativeFloat = Field(0.01, description="relative gap; 1e-2 is 5-7x faster than 1e-3 "
                                                         "at 1,000 jobs for 0.6% objective (shared/MEASURED.md)")
     threads: PositiveInt = Field(1, description="HiGHS threads; fixed per process after the first solve")
+    standing_share: NonNegativeFloat = Field(
+        0.0, description="after the solve, moved running jobs go back to their standing grid where that packs "
+                         "and loses nothing (milp/standing.py); above 0, also where all such reverts lose at most "
+                         "this share of the objective and the decision stays within mip_gap of its bound (on "
+                         "Arena's Philly trace fewer restarts, but a longer average JCT: docs/BENCHMARK.md)")
     pyomo_max_grids: PositiveInt | None = Field(
         20_000, description="models with more grids go to HiGHS as arrays even with backend pyomo: Pyomo's "
                             "hand-off grows to seconds at 60,000 binaries and past a 10 s limit at 170,000")

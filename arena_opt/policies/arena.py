@@ -15,6 +15,7 @@ from arena_opt.milp.local import improve
 from arena_opt.milp.options import ArenaOptions
 from arena_opt.milp.problem import ClusterProblem, GridBlocks, build_problem
 from arena_opt.milp.shards import merge, restrict, split
+from arena_opt.milp.standing import keep_standing, relative_gap
 from arena_opt.milp.solve import SolveResult, no_gc, solve_problem
 from arena_opt.policies.base import GridPolicy
 from arena_opt.snapshot import ClusterSnapshot
@@ -111,6 +112,9 @@ class ArenaPolicy(GridPolicy):
                    " (the deadline passed before HiGHS started)" if skipped else "")
             stats.note = "; ".join(filter(None, [note, f"solver returned no solution ({res.status}){why}; greedy "
                                                        f"feasible decision used (improved by local moves)"]))
+        sel = _keep_standing(p, sel, None if stats.fallback else stats.bound, o, stats,
+                             until=clock.end - clock.after_choice_s(full.num_jobs, len(sel)))
+        clock.lap("standing")
         stats.phases, stats.cut_short = dict(clock.phases), list(clock.cut)
         chosen: dict[str, Grid] = {p.job_ids[j]: p.grids[k] for j, k in sel.items()}
         reasons = dict(full.waiting_reason)
@@ -221,6 +225,20 @@ def _improve_lapped(p: ClusterProblem, sel: dict[int, int], until: float, clock:
     if info["cut"] and report_cut:
         clock.cut_short("improve")
     return sel
+
+
+def _keep_standing(p: ClusterProblem, sel: dict[int, int], bound: float | None, o: ArenaOptions,
+                   stats: SolverStats, until: float) -> dict[int, int]:
+    """`sel` with the moved running jobs that fit back on their standing grid (milp/standing.py; at no
+    loss, or within standing_share and the gap), until `until`; the stats' objective, gap and note then say
+    what the selection returned is worth."""
+    kept = keep_standing(p, sel, bound, o.mip_gap, o.standing_share, until=until)
+    if kept.jobs:
+        stats.objective = kept.objective
+        stats.gap = None if bound is None else relative_gap(bound, kept.objective)
+        stats.note = "; ".join(filter(None, [stats.note, f"{len(kept.jobs)} running jobs kept on their standing "
+                                                         f"grid instead of moving (objective {kept.change:+.6g})"]))
+    return kept.selection
 
 
 def _improved(p: ClusterProblem, res: SolveResult, until: float) -> SolveResult:

@@ -23,6 +23,7 @@ FLAGS = {
     "--no-colocation": ("no_colocation", "colocation"),
     "--caution": ("caution", "caution"),
     "--candidate-factor": ("candidate_factor", "candidate_factor"),
+    "--standing-share": ("standing_share", "standing_share"),
 }
 
 
@@ -54,6 +55,10 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
                    help=f"quantile of each estimate's error band the grids are priced at (0.5-1; default "
                         f"{_default(A, 'caution'):g}, the 80%% band's upper edge; the estimator of solve and plan "
                         "carries a band)")
+    g.add_argument("--standing-share", type=nonneg_float,
+                   help="arena: share of a round's objective that putting moved running jobs back on their "
+                        f"standing grid may cost, within the gap (default {_default(A, 'standing_share'):g}: "
+                        "only where it costs nothing)")
     g.add_argument("--candidate-factor", type=positive_float,
                    help="arena: waiting jobs enter the MILP until their smallest grids add up to this many times "
                         f"the cluster's GPUs (default {_default(A, 'candidate_factor'):g}; lower bounds a round's "
