@@ -339,3 +339,23 @@ def test_sbatch_script_picks_the_rendezvous_port_on_the_node_it_runs_on(tmp_path
     # the spec (quotes in the job id included) reaches torchrun intact
     got = parse_spec(json.loads(calls[0][calls[0].index("--spec-json") + 1]), "batch script")
     assert got == spec
+
+
+def test_next_generation_follows_every_launch_file_in_the_job_directory(tmp_path):
+    from runners.launch_record import next_generation
+
+    assert next_generation(tmp_path / "missing") == 0
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    assert next_generation(tmp_path) == 0
+    # torchrun's own folder and files of no launch do not count; a launch's node log, exit code, batch script
+    # and record each do, whichever of them an interrupted launch left behind
+    (logs / "torchrun").mkdir()
+    (logs / "notes.txt").write_text("x")
+    (logs / "g0.launch.json").write_text("{}")
+    (logs / "g0-n0.log").write_text("")
+    assert next_generation(tmp_path) == 1
+    (logs / "g3-1.rc").write_text("0")
+    assert next_generation(tmp_path) == 4
+    (logs / "g11.sbatch").write_text("")
+    assert next_generation(tmp_path) == 12
