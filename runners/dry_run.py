@@ -21,6 +21,7 @@ from arena_opt.plan import Plan
 from arena_opt.snapshot import ClusterSnapshot
 from runners.base import JobSpec, ObservedJob, Runner, RunnerError, RunTarget, run_target
 from runners.launch import DEFAULT_PORT, NodeLaunch, node_launches
+from runners.launch_record import LaunchFiles
 from runners.managed import job_root, make_train_spec
 from runners.progress import STOP_FILE
 from runners.slurm import sbatch_script
@@ -136,15 +137,15 @@ class DryRunRunner(Runner):
     def _print_sbatch(self, j: _DryJob, t: RunTarget, spec, endpoint: str) -> None:
         """The same launch as `--backend slurm` submits it (Slurm sets CUDA_VISIBLE_DEVICES itself)."""
         gres = self.gpu_map.gres_name(t.gpu_type)
-        logs = job_root(self.workdir, j.spec.job_id) / "logs"
         g = spec.generation
+        files = LaunchFiles(job_root(self.workdir, j.spec.job_id), g)
         script = sbatch_script(node_launches(spec, t.placement, endpoint, use_gpus=False),
                                {n: gres for n in t.placement}, name=f"arena-{j.spec.job_id}-g{g}",
-                               logs=[str(logs / f"g{g}-{n}.log") for n in t.placement],
-                               rc_files=[str(logs / f"g{g}-{k}.rc") for k in range(len(t.placement))],
-                               batch_log=str(logs / f"g{g}-batch.log"))
+                               logs=[str(files.node_log(n)) for n in t.placement],
+                               rc_files=[str(files.exit_code(k)) for k in range(len(t.placement))],
+                               batch_log=str(files.batch_log))
         self._print("# as a Slurm batch script (sbatch, --backend slurm):")
-        self._print("cat > " + shlex.quote(str(logs / f"g{g}.sbatch")) + " <<'SBATCH'")
+        self._print("cat > " + shlex.quote(str(files.batch_script)) + " <<'SBATCH'")
         self.out.write(script)
         self._print("SBATCH")
 

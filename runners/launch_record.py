@@ -7,6 +7,7 @@ written by another version) is an error the caller reports, never a silent "no r
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ConfigDict, Field, ValidationError
@@ -14,6 +15,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from arena_opt.edge import EdgeModel
 from arena_opt.io import atomic_write
 from arena_opt.plan import Plan
+from runners.names import safe_name
 
 
 class LaunchRecord(EdgeModel):
@@ -33,14 +35,44 @@ class LaunchRecordInvalid(ValueError):
         self.path, self.error = path, error
 
 
+@dataclass(frozen=True)
+class LaunchFiles:
+    """The one place a launch's file names are made: every file launch `generation` of the job at `root` writes
+    under logs/ starts with gN (then '-' or '.'), which is what next_generation counts on."""
+
+    root: Path
+    generation: int
+
+    def _file(self, tail: str) -> Path:
+        return self.root / "logs" / f"g{self.generation}{tail}"
+
+    @property
+    def record(self) -> Path:
+        return self._file(".launch.json")
+
+    def node_log(self, node: str) -> Path:
+        return self._file(f"-{safe_name(node)}.log")
+
+    def exit_code(self, component: int) -> Path:
+        return self._file(f"-{component}.rc")
+
+    @property
+    def batch_log(self) -> Path:
+        return self._file("-batch.log")
+
+    @property
+    def batch_script(self) -> Path:
+        return self._file(".sbatch")
+
+
 _LAUNCH_FILE = re.compile(r"g(\d+)[-.]")
 
 
 def next_generation(root: Path) -> int:
-    """The first generation number no earlier launch in the job directory `root` used: every file a launch
-    writes under logs/ (its record, node logs, exit codes, batch script) starts with gN. A runner started
-    again on the same work directory numbers its launches on from there, so it never overwrites an earlier
-    launch's logs and record, and never reads an earlier launch's progress as its own."""
+    """The first generation number no earlier launch in the job directory `root` used (LaunchFiles: every
+    file a launch writes under logs/ starts with gN). A runner started again on the same work directory
+    numbers its launches on from there, so it never overwrites an earlier launch's logs and record, and never
+    reads an earlier launch's progress as its own."""
     try:
         names = [p.name for p in (root / "logs").iterdir()]
     except FileNotFoundError:
@@ -49,12 +81,8 @@ def next_generation(root: Path) -> int:
     return max(used) + 1 if used else 0
 
 
-def launch_record_path(root: Path, generation: int) -> Path:
-    return root / "logs" / f"g{generation}.launch.json"
-
-
 def write_launch_record(root: Path, record: LaunchRecord) -> None:
-    p = launch_record_path(root, record.generation)
+    p = LaunchFiles(root, record.generation).record
     p.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(p, record.model_dump_json())
 
@@ -62,7 +90,7 @@ def write_launch_record(root: Path, record: LaunchRecord) -> None:
 def read_launch_record(root: Path, generation: int) -> LaunchRecord | None:
     """Launch `generation`'s record; None when it has none. LaunchRecordInvalid when the file cannot be read,
     does not validate, or is the record of another launch."""
-    p = launch_record_path(root, generation)
+    p = LaunchFiles(root, generation).record
     try:
         text = p.read_text()
     except FileNotFoundError:

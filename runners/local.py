@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runners.launch import free_port, node_launches
+from runners.launch_record import LaunchFiles
 from runners.managed import LaunchHandle, ManagedRunner, _Job
 from runners.process import Proc
 from runners.spec import TrainSpec
@@ -46,7 +47,7 @@ class LocalRunner(ManagedRunner):
         launches = node_launches(spec, placement, endpoint, spec_path=str(spec_path),
                                  use_gpus=torch.cuda.is_available() and self.device != "cpu",
                                  max_restarts=self.max_restarts, log_dir=str(job.root / "logs" / "torchrun"))
-        procs = [Proc(nl.argv, nl.env, self.log_path(job, spec.generation, nl.node_id), cwd=_repo_root())
+        procs = [Proc(nl.argv, nl.env, LaunchFiles(job.root, spec.generation).node_log(nl.node_id), cwd=_repo_root())
                  for nl in launches]
         return LocalLaunch(procs)
 

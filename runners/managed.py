@@ -579,10 +579,6 @@ class ManagedRunner(Runner):
             log_path=j.log_paths[0] if j.log_paths else None,
             message=j.message)
 
-    @staticmethod
-    def log_path(j: _Job, generation: int, node: str) -> Path:
-        return j.root / "logs" / f"g{generation}-{safe_name(node)}.log"
-
     def losses(self, job_id: str) -> dict[int, float]:
         """Loss by step as reported (the last report wins when steps are repeated after a crash)."""
         j = self.jobs[job_id]

@@ -67,7 +67,7 @@ from arena_opt.slurm.snapshot import SlurmJobView, SlurmView, build_snapshot
 from arena_opt.snapshot import Node
 from runners.base import ObservedJob, RunnerError
 from runners.launch import NodeLaunch, node_launches
-from runners.launch_record import LaunchRecordInvalid, launch_record_path, read_launch_record
+from runners.launch_record import LaunchFiles, LaunchRecordInvalid, read_launch_record
 from runners.managed import LaunchDeferred, LaunchError, LaunchHandle, ManagedRunner, _Job
 from runners.names import safe_name
 from runners.progress import ProgressReader
@@ -451,7 +451,7 @@ class SlurmRunner(ManagedRunner):
         try:
             rec = read_launch_record(j.root, g)
             if rec is not None and len(rec.placement) != len(v.components):
-                raise LaunchRecordInvalid(launch_record_path(j.root, g), f"{len(rec.placement)} node(s) in its "
+                raise LaunchRecordInvalid(LaunchFiles(j.root, g).record, f"{len(rec.placement)} node(s) in its "
                                           f"placement, {len(v.components)} in Slurm job {v.slurm_id}")
         except LaunchRecordInvalid as e:
             self._emit("launch_unrecorded", j, f"Slurm job {v.slurm_id} ({v.name}), a launch an earlier runner left "
@@ -460,8 +460,9 @@ class SlurmRunner(ManagedRunner):
             return False
         if rec is None:
             return False
-        rc_files = [j.root / "logs" / f"g{g}-{k}.rc" for k in range(len(rec.placement))]
-        logs = [str(self.log_path(j, g, n)) for n in rec.placement]
+        files = LaunchFiles(j.root, g)
+        rc_files = [files.exit_code(k) for k in range(len(rec.placement))]
+        logs = [str(files.node_log(n)) for n in rec.placement]
         sid = str(v.slurm_id)
         self._held.add(sid)
         self._taken.add(sid)  # the runner's own from now on: not an occupant of the snapshot
@@ -497,15 +498,16 @@ class SlurmRunner(ManagedRunner):
         endpoint = f"{first.address or first.name}:{PORT_REF}"  # picked on that node by the batch script
         launches = node_launches(spec, placement, endpoint, use_gpus=False)
         g = spec.generation
-        logs = [str(self.log_path(job, g, n)) for n in placement]
-        rc_files = [job.root / "logs" / f"g{g}-{k}.rc" for k in range(len(launches))]
+        files = LaunchFiles(job.root, g)
+        logs = [str(files.node_log(n)) for n in placement]
+        rc_files = [files.exit_code(k) for k in range(len(launches))]
         for p in rc_files:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.unlink(missing_ok=True)
         name = f"arena-{self.tag}-{safe_name(spec.job_id)}-g{g}"
         script = sbatch_script(launches, view.gres_type, name=name, logs=logs,
-                               rc_files=[str(p) for p in rc_files], batch_log=str(job.root / "logs" / f"g{g}-batch.log"))
-        path = job.root / "logs" / f"g{g}.sbatch"
+                               rc_files=[str(p) for p in rc_files], batch_log=str(files.batch_log))
+        path = files.batch_script
         path.write_text(script)
         try:
             # Slurm's own bound, not the query timeout: a submit cut short may have been accepted

@@ -20,6 +20,7 @@ from models.layers import layer_table
 from models.torch_layers import scaled_arch
 from runners.base import JobSpec, RunnerError
 from runners.dry_run import DryRunRunner
+from runners.launch_record import LaunchFiles
 from runners.local import LocalRunner
 from runners.names import safe_name
 from runners.progress import ProgressReader, ProgressWriter, request_stop, stop_requested
@@ -62,6 +63,12 @@ def test_dry_run_prints_each_nodes_torchrun_for_a_multi_node_decision(tmp_path):
     assert "#SBATCH --nodelist=gpu-a --nodes=1 --ntasks=1 --cpus-per-task=1 --gres=gpu:h100:4" in text
     assert "#SBATCH hetjob\n#SBATCH --nodelist=gpu-b " in text
     assert text.count("( srun --het-group=") == 2 and "CUDA_VISIBLE_DEVICES=" not in text.split("<<'SBATCH'")[1]
+    # the files the Slurm backend's launch writes, by the names it gives them (a node's log carries the
+    # node's safe name, hash included)
+    files = LaunchFiles((tmp_path / "runs" / "jobs" / safe_name("big")).resolve(), 0)
+    for path in ([files.node_log(n) for n in placement] + [files.exit_code(k) for k in range(2)]
+                 + [files.batch_log, files.batch_script]):
+        assert str(path) in text, path
     for rank, ((env, argv), (node, gpus)) in enumerate(zip(cmds, placement.items())):
         assert argv[0].endswith("torchrun")
         assert _opt(argv, "nnodes") == "2" and _opt(argv, "node-rank") == str(rank)
@@ -359,3 +366,10 @@ def test_next_generation_follows_every_launch_file_in_the_job_directory(tmp_path
     assert next_generation(tmp_path) == 4
     (logs / "g11.sbatch").write_text("")
     assert next_generation(tmp_path) == 12
+    # every name LaunchFiles makes is one next_generation counts, whichever a launch left alone
+    files = LaunchFiles(tmp_path / "alone", 5)
+    for path in [files.record, files.node_log("gpu/a b"), files.exit_code(3), files.batch_log, files.batch_script]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+        assert next_generation(files.root) == 6, path.name
+        path.unlink()

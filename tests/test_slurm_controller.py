@@ -22,7 +22,7 @@ from arena_opt.plan import Plan
 from arena_opt.slurm.commands import SlurmOptions
 from arena_opt.slurm.gres import GpuMap
 from runners.base import JobSpec
-from runners.launch_record import (LaunchRecord, LaunchRecordInvalid, launch_record_path, read_launch_record,
+from runners.launch_record import (LaunchFiles, LaunchRecord, LaunchRecordInvalid, read_launch_record,
                                    write_launch_record)
 from runners.managed import job_root
 from runners.names import safe_name
@@ -392,11 +392,11 @@ def test_launch_record_reads_back_what_was_written(tmp_path):
     (RECORD.model_dump_json().replace('"generation":0', '"generation":3'), "generation: 3, not 0"),
 ], ids=["truncated", "bool", "no_placement", "other_generation"])
 def test_launch_record_that_does_not_validate_is_an_error_naming_the_file(tmp_path, text, error):
-    launch_record_path(tmp_path, 0).parent.mkdir(parents=True)
-    launch_record_path(tmp_path, 0).write_text(text)
+    LaunchFiles(tmp_path, 0).record.parent.mkdir(parents=True)
+    LaunchFiles(tmp_path, 0).record.write_text(text)
     with pytest.raises(LaunchRecordInvalid) as e:
         read_launch_record(tmp_path, 0)
-    assert e.value.path == launch_record_path(tmp_path, 0) and str(e.value.path) in str(e.value)
+    assert e.value.path == LaunchFiles(tmp_path, 0).record and str(e.value.path) in str(e.value)
     assert error in e.value.error, e.value.error
 
 
@@ -416,7 +416,7 @@ def test_leftover_launch_with_its_record_is_taken_over_not_stopped(fake, tmp_pat
 def test_leftover_launch_whose_record_does_not_validate_is_stopped_with_an_event_saying_why(fake, tmp_path):
     root = _left_running(fake, tmp_path)
     write_launch_record(root, RECORD)
-    path = launch_record_path(root, 0)
+    path = LaunchFiles(root, 0).record
     path.write_text(path.read_text()[:-20])  # truncated
     r = _add_j(tmp_path)
     try:
