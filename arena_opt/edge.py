@@ -68,3 +68,16 @@ def unvalidated(cls: type[_M], values: dict[str, typing.Any], fields_set: set[st
     _set(new, "__pydantic_extra__", None)
     _set(new, "__pydantic_private__", None)
     return new
+
+
+_D = typing.TypeVar("_D")
+
+
+def built(cls: type[_D], values: dict[str, typing.Any]) -> _D:
+    """An instance of the frozen dataclass `cls` holding `values` (every field, in declaration order)
+    without its generated __init__, for hot loops: that sets each field through object.__setattr__
+    (4.9 us for a Band of 10 fields, 1.5 us for a PlanResult). `cls` must have no __post_init__ and no
+    slots; the callers' tests compare the result with the constructor's."""
+    new = object.__new__(cls)
+    object.__setattr__(new, "__dict__", values)
+    return new

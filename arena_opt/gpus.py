@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import ConfigDict, Field, PositiveFloat
 
 from arena_opt.edge import EdgeModel
+from models.hashed import HashedOnce
+
 LinkKind = Literal["nvlink", "pcie", "infiniband", "ethernet"]
 
 
@@ -26,7 +28,7 @@ MAX_MEMORY_GIB = 16_384.0
 MAX_BW_GBS = 100_000.0
 
 
-class GpuSpec(EdgeModel):
+class GpuSpec(EdgeModel, HashedOnce):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1)

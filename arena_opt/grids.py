@@ -450,7 +450,7 @@ def price(plans: GridPlans, band: BandModel, family: str, num_gpus: int, caution
     off a plan whose micro-batch count was never measured)."""
     bands = band.bands([r.iter_time_s for r in plans.pareto], family, num_gpus,
                        [r.plan.num_microbatches for r in plans.pareto], caution)
-    priced = [PlanResult(r.plan, b.decided_s, r.mem_gib, r.batch_size, b) for r, b in zip(plans.pareto, bands)]
+    priced = [PlanResult.of(r.plan, b.decided_s, r.mem_gib, r.batch_size, b) for r, b in zip(plans.pareto, bands)]
     priced.sort(key=lambda r: (r.iter_time_s, r.mem_gib))
     pareto, best_mem = [], float("inf")
     for r in priced:

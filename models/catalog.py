@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import ConfigDict, Field, PositiveInt, model_validator
+
+from models.hashed import HashedOnce
 
 Family = Literal["gpt", "bert", "moe", "wide_resnet", "llama"]
 
 
-class Arch(BaseModel):
+class Arch(HashedOnce):
     """One trainable model. Transformer fields are used by gpt/bert/moe/llama,
     the ResNet fields by wide_resnet."""
 

@@ -13,7 +13,7 @@ import pytest
 from arena_opt.cluster import load_cluster
 from arena_opt.feasibility import check_decision
 from arena_opt.grids import GridCatalog
-from arena_opt.perf.band import BandModel, ResidualRow, default_band
+from arena_opt.perf.band import Band, BandModel, ResidualRow, default_band
 from arena_opt.perf.estimator import PerfEstimator
 from arena_opt.policies import REGISTRY, make_policy
 from arena_opt.snapshot import ClusterSnapshot, Job
@@ -87,6 +87,9 @@ def test_bands_of_many_estimates_are_each_ones_band():
     for family, gpus, caution in (("bert", 4, 0.9), ("moe", 16, None), ("gpt", 2, 0.2)):
         got = model.bands(nominals, family, gpus, counts, caution)
         assert got == [BandModel.build(_rows()).band(t, family, gpus, m, caution) for t, m in zip(nominals, counts)]
+        for b in got:  # built without Band's __init__: the state the constructor gives, fields in order
+            made = Band(**vars(b))
+            assert made == b and list(vars(made).items()) == list(vars(b).items()) and hash(made) == hash(b)
 
 
 def _held_out_coverage(rows: list[ResidualRow], level: float = 0.8) -> float:

@@ -132,12 +132,13 @@ def test_import_and_solve_do_not_import_torch():
 
 
 def test_cli_solve_leaves_the_simulator_torch_and_networkx_unimported(tmp_path):
-    # every CLI call pays for what its parser and policy import: the simulator and networkx (0.3 s) are
-    # not needed to solve a round
+    # every CLI call pays for what its parser and policy import: the simulator and networkx (0.3 s) and
+    # the Slurm readers' models (8 ms) are not needed to solve a round
     out = tmp_path / "d.json"
     code = ("import sys; from arena_opt.cli import main; "
             f"assert main(['solve', {str(SMALL)!r}, '-o', {str(out)!r}, '--quiet']) == 0; "
-            "left = [m for m in ('torch', 'networkx', 'arena_opt.sim.engine') if m in sys.modules]; "
+            "left = [m for m in ('torch', 'networkx', 'arena_opt.sim.engine', 'arena_opt.slurm.jsonfmt') "
+            "if m in sys.modules]; "
             "assert not left, left")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

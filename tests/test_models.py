@@ -38,3 +38,26 @@ def test_arena_names_map_to_catalog():
 def test_invalid_arch_rejected():
     with pytest.raises(ValueError, match="divisible"):
         Arch(name="bad", family="gpt", hidden=100, heads=3)
+
+
+def test_frozen_models_hash_once_as_pydantic_does():
+    """Arch and GpuSpec keep their hash (models/hashed.py): pydantic's own value, the same for equal objects,
+    and a copy with other fields hashes afresh."""
+    import copy
+    import pickle
+
+    from pydantic._internal._model_construction import make_hash_func
+
+    from arena_opt.gpus import BUILTIN_GPUS, GpuSpec
+
+    for obj in (get_arch("bert-2.6B"), BUILTIN_GPUS["a100-40gb"]):
+        cls = type(obj)
+        assert cls in (Arch, GpuSpec)
+        assert hash(obj) == make_hash_func(cls)(obj) == hash(obj)
+        twin = cls.model_validate(obj.model_dump())
+        assert twin == obj and hash(twin) == hash(obj)
+        assert hash(pickle.loads(pickle.dumps(obj))) == hash(copy.deepcopy(obj)) == hash(obj)
+        field = "name"
+        other = obj.model_copy(update={field: obj.name + "-x"})
+        assert other != obj and hash(other) == make_hash_func(cls)(other) != hash(obj)
+        assert "_hash_once" not in obj.model_dump() and "_hash_once" not in vars(obj)

@@ -50,6 +50,8 @@ from typing import Iterable, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from arena_opt.edge import built
+
 Kind = Literal["reference", "planner"]
 
 
@@ -231,17 +233,19 @@ class BandModel(BaseModel):
         model's caches read once (a private attribute of a pydantic model is a slow lookup)."""
         # every edge is nominal_s times a factor of the configuration: the factors are kept (a cold plan
         # prices thousands of plans of a few configurations)
-        memo = self._cache.setdefault("factors", {})
         level, widen = self.level, (self.widen_lo, self.widen_hi)
+        memo = self._cache.setdefault("factors", {}).setdefault((family, num_gpus, caution, level, *widen), {})
         out = []
         for t, m in zip(nominals_s, microbatches):
-            key = (family, num_gpus, m, caution, level, *widen)
-            f = memo.get(key)
+            f = memo.get(m)  # per micro-batch count
             if f is None:
-                f = memo[key] = self._factors(family, num_gpus, m, caution)
+                f = memo[m] = self._factors(family, num_gpus, m, caution)
             name, n, d, outside, lo, hi, dec = f
-            out.append(Band(nominal_s=t, lo_s=t * lo, hi_s=t * hi, decided_s=t if dec is None else t * dec,
-                            level=level, caution=caution, group=name, n=n, octaves=d, outside=outside))
+            # Band's fields in order, without the frozen dataclass's per-field setattr (4,600 bands a cold
+            # medium round)
+            out.append(built(Band, {"nominal_s": t, "lo_s": t * lo, "hi_s": t * hi,
+                                    "decided_s": t if dec is None else t * dec, "level": level, "caution": caution,
+                                    "group": name, "n": n, "octaves": d, "outside": outside}))
         return out
 
     def _factors(self, family: str, num_gpus: int, microbatches: int, caution: float | None) -> tuple:

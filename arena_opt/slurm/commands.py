@@ -9,8 +9,12 @@ import subprocess
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
+from typing import TYPE_CHECKING
+
 from arena_opt.errors import InputError
-from arena_opt.slurm.jsonfmt import SlurmJob, SlurmNode, parse_jobs, parse_nodes
+
+if TYPE_CHECKING:
+    from arena_opt.slurm.jsonfmt import SlurmJob, SlurmNode
 
 # Bound on a command without a fallback (a one-shot CLI read, sbatch): Slurm's own retries end first
 # (a client retries the controller for MessageTimeout, measured 9-18 s at the default 10 s)
@@ -80,6 +84,10 @@ def controller_up(timeout: float = TIMEOUT_S) -> bool:
 
 
 def read_nodes(timeout: float = TIMEOUT_S) -> list[SlurmNode]:
+    # the reader's models are imported here: every CLI call imports this module (the runner's flags read
+    # SlurmOptions), and building them is 8 ms of a `solve` that never reads Slurm
+    from arena_opt.slurm.jsonfmt import parse_nodes
+
     try:
         out = slurm("scontrol", "show", "nodes", "--json", timeout=timeout)
         return parse_nodes(out, "scontrol show nodes --json")
@@ -93,4 +101,6 @@ def read_nodes(timeout: float = TIMEOUT_S) -> list[SlurmNode]:
 
 
 def read_jobs(timeout: float = TIMEOUT_S) -> list[SlurmJob]:
+    from arena_opt.slurm.jsonfmt import parse_jobs
+
     return parse_jobs(slurm("squeue", "--json", timeout=timeout), "squeue --json")
