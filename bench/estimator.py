@@ -42,6 +42,7 @@ from pydantic import ValidationError  # noqa: E402
 from _perf_common import (arena_estimates, command, err_stats, fmt_pct, git_rev, machine, md_table, table_parser,
                           table_path, write)
 
+from arena_opt.cluster import ARENA_INTRA_LINKS
 from arena_opt.perf import calibrate as cal
 from arena_opt.perf.analytical import CALIBRATED_PATH, CostParams
 from arena_opt.perf.estimator import PerfEstimator
@@ -50,10 +51,6 @@ from arena_opt.io import atomic_write  # noqa: E402
 
 # Arena's runs use Alpa's GShard MoE (dense einsum dispatch, expert group 2048: Arena's configs.py)
 ARENA_BASE = CostParams(moe_einsum_group=2048)
-# The intra-node link of Arena's testbed where it is not the catalog's: its A40 pairs all-reduce at
-# PCIe speed, not over an NVLink bridge (Arena's own per-plan estimates, pp = tp = 1, one node of two:
-# 6.5 GB/s of gradient per second on the A40s, 7 on the PCIe-only A10s, 29 on the NVLink A100s)
-ARENA_INTRA_LINKS = {"a40": "pcie"}
 
 
 def with_fields(params: CostParams, assignments: list[str]) -> CostParams:

@@ -82,6 +82,17 @@ def test_cluster_formats(tmp_path):
     assert load_cluster(snap).nodes == inline.nodes
 
 
+def test_arena_spec_nodes_get_the_testbed_links(tmp_path):
+    """Arena's spec names no link; its A40 pairs communicate over PCIe (cluster.ARENA_INTRA_LINKS), the
+    other types keep the catalog's link, and the inline and our formats are not touched."""
+    arena = tmp_path / "derived.json"
+    arena.write_text(json.dumps({"gpu_types": {"a100": {"node_num": 1, "gpus_per_node": 4},
+                                               "a40": {"node_num": 2, "gpus_per_node": 2}}}))
+    links = {(n.gpu_type, n.intra_link) for n in load_cluster(arena).nodes}
+    assert links == {("a100-40gb", None), ("a40", "pcie")}
+    assert {n.intra_link for n in load_cluster("a40:2x2").nodes} == {None}
+
+
 @pytest.mark.parametrize("content, msg", [
     ('[{"a100": {"node_num": 80}}]', "has no GPUs per node"),
     ('{"gpus": {"a100": {"nodes": 0, "gpus_per_node": 4}}}', "field gpus.a100.nodes"),
