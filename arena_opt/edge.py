@@ -55,18 +55,26 @@ class EdgeModel(BaseModel):
         return data
 
 
+# pydantic v2's instance slots, set through their descriptors (what object.__setattr__ looks up by name on
+# every call); `unvalidated` runs once per job per round in a simulator
+_SET_DICT = BaseModel.__dict__["__dict__"].__set__
+_SET_FIELDS_SET = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_SET_EXTRA = BaseModel.__dict__["__pydantic_extra__"].__set__
+_SET_PRIVATE = BaseModel.__dict__["__pydantic_private__"].__set__
+_new = object.__new__
+
+
 def unvalidated(cls: type[_M], values: dict[str, typing.Any], fields_set: set[str] | frozenset[str]) -> _M:
     """An instance of `cls` holding `values` as they are, without validation, for hot loops whose callers
     proved the values valid (`model_construct` is slower than validating: it re-applies defaults field by
     field). `values` must hold every field in declaration order, as validation stores them, so that dumps
     keep that order; `fields_set`: the fields the caller gave. Depends on pydantic v2's instance layout,
     which the callers' tests compare with the validated constructor."""
-    new = object.__new__(cls)
-    _set = object.__setattr__
-    _set(new, "__dict__", values)
-    _set(new, "__pydantic_fields_set__", set(fields_set))
-    _set(new, "__pydantic_extra__", None)
-    _set(new, "__pydantic_private__", None)
+    new = _new(cls)
+    _SET_DICT(new, values)
+    _SET_FIELDS_SET(new, set(fields_set))
+    _SET_EXTRA(new, None)
+    _SET_PRIVATE(new, None)
     return new
 
 

@@ -163,3 +163,49 @@ def test_rounding_that_does_not_pack_is_recorded_in_the_decision(monkeypatch):
             assert said == fractional
             noted += said
     assert noted > 0
+
+
+def test_relaxation_arrays_hand_highs_the_model_of_its_highs_lp():
+    """The arrays the relaxation passes HiGHS (linear.highs_arrays) make in HiGHS the model's costs, bounds and
+    matrix, every column continuous, as to_highs's HighsLp does, and it solves to the same optimum and basis."""
+    import highspy
+    import numpy as np
+
+    from arena_opt.milp.linear import highs_arrays, to_highs
+    from arena_opt.milp.solve import _highs, highs_basis, run_highs
+
+    snap = generate_snapshot({"a100": (6, 4), "a10": (6, 2)}, 24, seed=3, running_fraction=0.5,
+                             deadline_fraction=0.3, models=TINY_MODELS)
+    p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), ArenaOptions(max_gpus_per_job=4))
+    lm = level1_model(p)
+    assert (lm.kinds() != "C").any()  # a MILP: the relaxation drops its integrality
+    lo, hi = lm.row_bounds()
+
+    def dense(m, rows, cols):  # HiGHS keeps the matrix column-wise or row-wise, whichever it was given
+        out = np.zeros((rows, cols))
+        rowwise = m.format_ == highspy.MatrixFormat.kRowwise
+        st = list(m.start_)
+        for a, (b, e) in enumerate(zip(st[:-1], st[1:])):
+            for i, v in zip(list(m.index_)[b:e], list(m.value_)[b:e]):
+                out[(a, i) if rowwise else (i, a)] = v
+        return out
+
+    starts, index, value = lm.csr()
+    want = np.zeros((lm.num_rows, lm.num_cols))
+    for r in range(lm.num_rows):
+        want[r, index[starts[r]:starts[r + 1]]] = value[starts[r]:starts[r + 1]]
+    got = []
+    for lp in (to_highs(lm, relaxed=True), highs_arrays(lm, relaxed=True)):
+        word, info, x = run_highs(lp, time_limit_s=10.0, mip_gap=0.0, threads=1)
+        held = _highs().getLp()
+        m = held.a_matrix_
+        assert np.array_equal(held.col_cost_, lm.cost()) and np.array_equal(held.col_upper_, lm.upper())
+        assert np.array_equal(held.col_lower_, np.zeros(lm.num_cols))
+        assert np.array_equal(held.row_lower_, lo) and np.array_equal(held.row_upper_, hi)
+        assert np.array_equal(dense(m, held.num_row_, held.num_col_), want)
+        assert not {int(v) for v in held.integrality_} - {0}  # none integer
+        got.append((word, x, [int(s) for s in highs_basis().col_status]))
+    assert got[0][0] == got[1][0] == "Optimal"
+    assert np.array_equal(got[0][1], got[1][1]) and got[0][2] == got[1][2]
+    mip = highs_arrays(lm)
+    assert not mip.is_lp and mip.integrality.sum() == (lm.kinds() != "C").sum()

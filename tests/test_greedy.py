@@ -140,3 +140,40 @@ def test_a_wrong_early_stop_changes_the_selection(monkeypatch):
     monkeypatch.setattr(NEW, "full", lambda self: any(u <= 1 for u in self._fails.values()))
     wrong = greedy_select(p)
     assert wrong != oracle and len(wrong) < len(oracle)
+
+
+def per_job_prices(p: ClusterProblem, rounds: int = 40) -> np.ndarray:
+    """unit_prices read job by job: each job takes its first grid of the best gain less price x units when
+    that is positive, and each pool's price is bisected on whether those takes ask for more than its GPUs."""
+    gain, units = p.gain(), p.units.astype(float)
+    keys = list(p.pools)
+    cap = np.array([p.pools[k].gpus_per_node * (p.pools[k].empty_nodes + len(p.pools[k].occupied)) for k in keys],
+                   dtype=float)
+    pool = np.array([keys.index(k) for k in p.pool_of])
+    lo, hi = np.zeros(len(keys)), np.full(len(keys), float(np.max(gain / np.maximum(units, 1))))
+    lam = (lo + hi) / 2
+    for _ in range(rounds):
+        ask = np.zeros(len(keys))
+        for j in range(p.num_jobs):
+            ks = p.grids_of(j)
+            if not len(ks):
+                continue
+            score = [gain[k] - lam[pool[k]] * units[k] for k in ks]
+            best = max(score)
+            if best > 0:
+                k = ks[score.index(best)]
+                ask[pool[k]] += units[k]
+        over = ask > cap
+        lo, hi = np.where(over, lam, lo), np.where(over, hi, lam)
+        lam = (lo + hi) / 2
+    return lam[pool]
+
+
+@pytest.mark.parametrize("name,p", PROBLEMS, ids=[n for n, _ in PROBLEMS])
+def test_unit_prices_are_the_per_job_bisection(name, p):
+    """The vectorised prices (grids as a job x grid table) are the per-job rule's, to the last bit, and
+    price the pools that more jobs ask for than they have GPUs."""
+    prices = unit_prices(p)
+    assert np.array_equal(prices, per_job_prices(p))
+    if name == "gen3-320":
+        assert prices.max() > 0  # a full cluster: some pool is priced

@@ -128,3 +128,27 @@ def test_grid_lists_kept_across_rounds_follow_the_running_allocation(base):
     est.observe(M, GPU, g.result.iter_time_s, 2 * g.result.iter_time_s, weight=1.0)
     now = cat.grids(old, snap, prune=True)
     assert now == fresh(snap, old) and now != again
+
+
+def test_a_kept_running_list_is_served_without_reading_the_allocation_again(base, monkeypatch):
+    """The same running state object as when the list was made: the kept list, and the allocation's shape
+    (nodes, GPUs per node) is not read again; a new state object of the same allocation is read once and
+    gets the same list; a moved one is read and gets what a fresh catalogue gives."""
+    import arena_opt.grids as grids
+
+    cluster = load_cluster("a10:2x4")
+    est = _estimator(base)  # held here: the catalogue keeps only a weak reference
+    cat = GridCatalog(est)
+    snap = _snapshot(cluster, base)
+    old = snap.jobs[0]
+    reads = []
+    shape = grids._current_shape
+    monkeypatch.setattr(grids, "_current_shape", lambda job, node_map: reads.append(job.id) or shape(job, node_map))
+    first = cat.grids(old, snap, prune=True)
+    assert reads == ["old"]
+    assert cat.grids(old, snap, prune=True) == first and reads == ["old"]
+    same = old.model_copy(update={"running": old.running.model_copy()})
+    assert cat.grids(same, snap, prune=True) == first and reads == ["old", "old"]
+    moved = old.model_copy(update={"running": old.running.model_copy(update={"placement": {"a10-001": [2, 3]}})})
+    assert cat.grids(moved, snap, prune=True) == GridCatalog(est).grids(moved, snap, prune=True)
+    assert reads[:3] == ["old"] * 3

@@ -16,14 +16,19 @@ from arena_opt.policies.arena import ArenaPolicy
 from test_milp import EST, all_selections, shared_nodes, tiny
 
 
+def shared_node_problems():
+    """Rounds with running jobs sharing nodes."""
+    for seed in (0, 1):
+        snap, opts = shared_nodes(seed, cap=None)
+        yield build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), opts)
+
+
 def problems():
     """Tiny rounds small enough to enumerate: two cluster shapes, and one with running jobs sharing nodes."""
     for seed in (2, 3, 6):
         snap = tiny(seed, spec={"a100": (1, 4), "v100": (1, 8)}, jobs=5)
         yield build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=8), ArenaOptions(max_gpus_per_job=8))
-    for seed in (0, 1):
-        snap, opts = shared_nodes(seed, cap=None)
-        yield build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), opts)
+    yield from shared_node_problems()
 
 
 @pytest.mark.parametrize("p", list(problems()), ids=lambda p: f"{len(p.grids)}grids")
@@ -125,3 +130,61 @@ def test_moves_kept_across_rounds_equal_moves_recomputed(seed):
         got, want = kept.patterns(mask), _grouped(mask, fresh.dkey, fresh.dg)
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[2], want[2])
         assert len(got[1]) == len(want[1]) and all(np.array_equal(a, b) for a, b in zip(got[1], want[1]))
+
+
+def reference_packing(p, sel):
+    """The pool-threshold vectors and capacities of the module docstring, grid by grid and node by node."""
+    cols = [(key, s) for key, pi in p.pools.items() for s in pi.thresholds]
+    vec, cap = np.zeros((len(p.grids) + 1, len(cols))), np.zeros(len(cols))
+    cur = {int(p.job_of[k]): int(k) for k in np.flatnonzero(p.current)}
+    for c, (key, s) in enumerate(cols):
+        pi = p.pools[key]
+        g = pi.gpus_per_node
+        for k in range(len(p.grids)):
+            if p.pool_of[k] == key and not p.current[k] and p.units[k] >= s:
+                vec[k, c] = p.units[k]
+        cap[c] = g * pi.empty_nodes
+        for users in pi.occupied.values():
+            if len(users) == 1:
+                j, held = users[0]
+                cap[c] += g
+                if j in cur:
+                    vec[cur[j], c] += g - s * ((g - held) // s)
+            else:
+                kept = sum(held for j, held in users if j in cur and sel.get(j) == cur[j])
+                cap[c] += s * ((g - kept) // s)
+    pinned = np.zeros(p.num_jobs, dtype=bool)
+    for pi in p.pools.values():
+        for users in pi.occupied.values():
+            if len(users) > 1:
+                pinned[[j for j, _ in users]] = True
+    return vec, cap, pinned
+
+
+def many_node_problems():
+    """Rounds with running jobs alone on one or several nodes (multi-node grids) and some sharing nodes."""
+    from arena_opt.instances import generate_snapshot
+    from test_milp import TINY_MODELS
+
+    for seed, jobs in ((1, 90), (3, 320)):
+        snap = generate_snapshot({"a100": (24, 4), "v100": (12, 8), "a10": (30, 2)}, jobs, seed=seed,
+                                 running_fraction=0.5, models=TINY_MODELS)
+        yield build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=32), ArenaOptions(max_gpus_per_job=32))
+    yield from shared_node_problems()
+
+
+@pytest.mark.parametrize("p", list(many_node_problems()), ids=lambda p: f"{len(p.grids)}grids")
+def test_packing_vectors_are_the_documented_ones(p):
+    """Packing's vectors, capacities and pinned jobs are the docstring's, for the greedy start and for a
+    selection that drops every other job (the shared nodes' capacities follow which of their jobs stay)."""
+    start = greedy_start(p)
+    multi = 0
+    for sel in (start, dict(list(start.items())[::2])):
+        pk = Packing(p, sel)
+        vec, cap, pinned = reference_packing(p, sel)
+        assert np.array_equal(pk.vec, vec) and np.array_equal(pk.cap, cap) and np.array_equal(pk.pinned, pinned)
+        assert np.array_equal(pk.caps(sel), cap)
+    for pi in p.pools.values():
+        alone = [users[0][0] for users in pi.occupied.values() if len(users) == 1]
+        multi += len(alone) - len(set(alone))  # a running job alone on several nodes: its vector adds up
+    assert multi > 0 or pinned.any()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from arena_opt.milp.greedy import greedy_select
-from arena_opt.milp.linear import LinearModel, to_highs
+from arena_opt.milp.linear import LinearModel, highs_arrays
 from arena_opt.milp.model import level1_model, model_constant, selection_from
 from arena_opt.milp.problem import ClusterProblem
 from arena_opt.milp.solve import SolveResult, highs_basis, run_highs
@@ -131,7 +131,7 @@ def relax(p: ClusterProblem, *, threads: int, deadline: float | None = None,
         return None
     t0 = time.perf_counter()
     lm = level1_model(p)
-    lp = to_highs(lm, relaxed=True)
+    lp = highs_arrays(lm, relaxed=True)
     integer = lm.kinds() != "C"
     keys = LpBasis.keys(p, lm) if warm is not None else None
     t1 = time.perf_counter()

@@ -4,6 +4,7 @@ problem's per-node free counts, so its result is feasible by construction."""
 
 from __future__ import annotations
 
+import functools
 import heapq
 import time
 
@@ -30,7 +31,7 @@ class _Free:
         self.stamp: dict[tuple, list[int]] = {}
         self.heaps: dict[tuple, list[list[tuple[int, int]]]] = {}  # free count -> (stamp, slot), lazily
         self.whole: dict[tuple, int] = {}  # number of untouched nodes
-        self.by_id: dict[tuple, list[int]] = {}  # slots in string order of their id
+        self.by_id: dict[tuple, tuple[int, ...]] = {}  # slots in string order of their id
         self.at_id: dict[tuple, int] = {}  # first position of by_id that may still be whole
         self.at_slot: dict[tuple, int] = {}  # lowest slot that may still be whole
         self.homes: dict[int, list[tuple[tuple, int, int]]] = {}  # running job -> (pool, slot, GPUs there)
@@ -38,15 +39,21 @@ class _Free:
             g, n = pi.gpus_per_node, len(pi.occupied) + pi.empty_nodes
             self.g[key], self.count[key], self.stamp[key] = g, [g] * n, list(range(n))
             self.heaps[key] = [[] for _ in range(g + 1)]
-            self.by_id[key] = sorted(range(n), key=str)
+            self.by_id[key] = _by_id(n)
             self.at_id[key] = self.at_slot[key] = 0
             self.whole[key] = n
+            homes = self.homes
             for i, users in enumerate(pi.occupied.values()):
-                held = sum(m for j, m in users if j in kept)
+                held = 0
+                for j, m in users:
+                    if j in kept:
+                        held += m
+                    if j in homes:
+                        homes[j].append((key, i, m))
+                    else:
+                        homes[j] = [(key, i, m)]
                 if held:
                     self._move(key, i, held, None)
-                for j, m in users:
-                    self.homes.setdefault(j, []).append((key, i, m))
         self._clock = sum(len(c) for c in self.count.values())  # as Occupancy's: after every first stamp
         # per pool, the fewest units a take failed for: free capacity only shrinks here (holds, no
         # releases), and a shape that does not fit means no larger one does (a sub-node grid of u GPUs
@@ -120,6 +127,12 @@ class _Free:
         return True
 
 
+@functools.lru_cache(maxsize=64)
+def _by_id(n: int) -> tuple[int, ...]:
+    """Slots 0..n-1 in string order of their id ("POOL/i"): the same for every pool of n nodes, and only read."""
+    return tuple(sorted(range(n), key=str))
+
+
 def greedy_select(p: ClusterProblem, fixed: dict[int, int] | None = None, keep_running: bool = True,
                   price: np.ndarray | float = 0.0) -> dict[int, int]:
     """`price`: per grid, the worth of the node units it takes (`unit_prices`), taken off its gain when
@@ -179,21 +192,29 @@ def unit_prices(p: ClusterProblem, rounds: int = 40) -> np.ndarray:
     pool = np.array([pos[k] for k in p.pool_of], dtype=np.int64)
     cap = np.array([p.pools[k].gpus_per_node * (p.pools[k].empty_nodes + len(p.pools[k].occupied)) for k in keys],
                    dtype=float)
+    # the grids as a job x grid table, each row one job's grids in index order and padded with grids of
+    # no gain (-inf), so that a round's choice is a row maximum and its first position (argmax): the
+    # same picks and the same sums, in the same job order, as reading the grids in job order, without
+    # the per-round concatenations (1 ms of a Philly round's 2)
     order = np.argsort(p.job_of, kind="stable")
     job = p.job_of[order]
     starts = np.flatnonzero(np.r_[True, job[1:] != job[:-1]])
     sizes = np.diff(np.r_[starts, len(order)])
+    row = np.repeat(np.arange(len(starts)), sizes)
+    col = np.arange(len(order)) - np.repeat(starts, sizes)
+    shape = (len(starts), int(sizes.max()))
+    gain_t, units_t, pool_t = np.full(shape, -np.inf), np.zeros(shape), np.zeros(shape, dtype=np.int64)
+    gain_t[row, col], units_t[row, col], pool_t[row, col] = gain[order], units[order], pool[order]
     lo, hi = np.zeros(len(keys)), np.full(len(keys), float(np.max(gain / np.maximum(units, 1))))
     lam = (lo + hi) / 2
-    # the grids in job order once, not per round (the same values element by element)
-    gain_o, units_o, pool_o = gain[order], units[order], pool[order]
+    base = np.arange(shape[0]) * shape[1]  # flat position of each row's first grid
+    units_f, pool_f = units_t.ravel(), pool_t.ravel()
     for _ in range(rounds):
-        score = gain_o - lam[pool_o] * units_o
-        best = np.repeat(np.maximum.reduceat(score, starts), sizes)
-        pick = np.flatnonzero((score == best) & (best > 0))
-        jp = job[pick]  # ascending: one grid per job, its first best, where the job changes (no sort)
-        pick = pick[np.r_[True, jp[1:] != jp[:-1]]] if len(pick) else pick
-        over = np.bincount(pool_o[pick], weights=units_o[pick], minlength=len(keys)) > cap
+        score = gain_t - lam[pool_t] * units_t
+        at = base + score.argmax(axis=1)
+        # a job whose best is not positive takes none: its units count 0 (adding 0.0 changes no sum)
+        taken = np.where(score.ravel().take(at) > 0, units_f.take(at), 0.0)
+        over = np.bincount(pool_f.take(at), weights=taken, minlength=len(keys)) > cap
         lo, hi = np.where(over, lam, lo), np.where(over, hi, lam)
         lam = (lo + hi) / 2
     return lam[pool]

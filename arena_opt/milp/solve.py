@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arena_opt.milp.linear import LinearModel, pyomo_values, to_highs, to_pyomo
+from arena_opt.milp.linear import HighsArrays, LinearModel, pyomo_values, to_highs, to_pyomo
 from arena_opt.milp.model import level1_model, model_constant, selection_from, start_vector
 from arena_opt.milp.problem import ClusterProblem
 
@@ -192,8 +192,8 @@ def _highs():
 
 def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: np.ndarray | None = None,
               options: dict | None = None, deadline: float | None = None, basis=None):
-    """Solve a highspy HighsLp on the process's one HiGHS instance (the arena MILP and the baselines'
-    0/1 programs alike). `start`: values of the first len(start) columns as an initial incumbent;
+    """Solve a highspy HighsLp or a `HighsArrays` on the process's one HiGHS instance (the arena MILP and
+    the baselines' 0/1 programs alike). `start`: values of the first len(start) columns as an initial incumbent;
     `options`: further HiGHS options for this solve only (restored afterwards: the instance is shared);
     `basis`: a highspy HighsBasis to start the simplex from (an LP's warm start, milp/certify.py).
     Returns (HiGHS's status word, its info, the column values or None without a feasible point)."""
@@ -205,7 +205,10 @@ def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: n
     for k, v in (options or {}).items():
         h.setOptionValue(k, v)
     try:
-        h.passModel(lp)
+        if isinstance(lp, HighsArrays):
+            lp.pass_to(h)
+        else:
+            h.passModel(lp)
         if start is not None:
             h.setSolution(len(start), np.arange(len(start), dtype=np.int32), np.asarray(start, dtype=float))
         if basis is not None:
@@ -233,6 +236,8 @@ def run_highs(lp, *, time_limit_s: float, mip_gap: float, threads: int, start: n
 def _is_lp(lp) -> bool:
     import highspy
 
+    if isinstance(lp, HighsArrays):
+        return lp.is_lp
     ints = lp.integrality_  # empty: every column continuous (to_highs of an LP, or relaxed)
     return not ints or all(v == highspy.HighsVarType.kContinuous for v in ints)
 

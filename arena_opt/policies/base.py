@@ -130,5 +130,5 @@ def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Gri
         slow = None if slowdowns is None else slowdowns.get(job.id, 1.0)
         out.append(JobDecision.placed(job.id, act, g.shape.gpu_type, g.num_gpus, len(pl), pl, plan,
                                       g.result.iter_time_s * (slow or 1.0), g.throughput / (slow or 1.0), slow,
-                                      g.result.mem_gib, estimate_band(g.result.band)))
+                                      g.result.mem_gib, None if g.result.band is None else estimate_band(g.result.band)))
     return Decision(time=snapshot.time, policy=policy, jobs=out, stats=stats, policy_options=options)

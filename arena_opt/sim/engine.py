@@ -247,22 +247,29 @@ class Simulator:
         def error(d, msg):
             return SimulationError(f"t={t:.0f}s: policy {self.policy.name!r}, job {d.job_id!r}: {msg}")
 
+        by_id = self.by_id
         for d in decision.jobs:
-            sj = self.by_id[d.job_id]
+            sj = by_id[d.job_id]
             running = sj.rec.status == RUNNING
-            if d.action in ("wait", "start") and running:
-                raise error(d, f"action {d.action!r} for a running job")
-            if d.action in ("keep", "reshape", "migrate", "preempt") and not running:
-                raise error(d, f"action {d.action!r} for a job that is not running")
-            if d.action == "keep":
+            action = d.action
+            # the two actions of nearly every job of a round first, each with its own rule
+            if action == "wait":
+                if running:
+                    raise error(d, "action 'wait' for a running job")
+                continue
+            if action == "keep":
+                if not running:
+                    raise error(d, "action 'keep' for a job that is not running")
                 same = d.gpu_type == sj.gpu_type and (d.plan is sj.plan or d.plan == sj.plan) and (
                     d.placement == sj.placement or {n: sorted(g) for n, g in d.placement.items()} == sj.placement)
                 if not same:
                     raise error(d, "'keep' but the allocation differs from the running one")
                 continue
-            if d.action == "wait":
-                continue
-            if d.action == "preempt":
+            if action == "start" and running:
+                raise error(d, f"action {action!r} for a running job")
+            if action in ("reshape", "migrate", "preempt") and not running:
+                raise error(d, f"action {action!r} for a job that is not running")
+            if action == "preempt":
                 todo.append((sj, d, None, 0.0))
                 continue
             placement = {n: sorted(g) for n, g in d.placement.items()}
