@@ -309,6 +309,31 @@ def test_milp_optimum_equals_brute_force_on_shared_nodes(seed):
         assert res.objective == pytest.approx(best, rel=1e-6, abs=1e-6)
 
 
+def test_milp_arrays_solve_as_the_highs_lp():
+    """`solve_linear` hands HiGHS `highs_arrays` (not to_highs's HighsLp): HiGHS then holds the same integrality
+    per column as to_highs's list, and solves to the same status, objective and column values, with and without
+    a start."""
+    from arena_opt.milp.linear import highs_arrays, to_highs
+    from arena_opt.milp.model import level1_model, start_vector
+    from arena_opt.milp.solve import _highs, run_highs, solve_linear
+
+    snap, opts = shared_nodes(1)
+    p = build_problem(snap, enumerate_grids(snap, EST, max_gpus_default=4), opts)
+    lm = level1_model(p)
+    ints = lm.kinds() != "C"
+    assert ints.any() and not ints.all()  # binaries and continuous columns both
+    lp = to_highs(lm)
+    assert [int(v) for v in lp.integrality_] == highs_arrays(lm).integrality.tolist() == ints.astype(int).tolist()
+    start = start_vector(lm, p, greedy_select(p))
+    for x0 in (None, start):
+        word, info, want = run_highs(lp, time_limit_s=30, mip_gap=0.0, threads=1, start=x0)
+        held = [int(v) for v in _highs().getLp().integrality_]
+        res = solve_linear(lm, time_limit_s=30, mip_gap=0.0, threads=1, start=x0)
+        assert [int(v) for v in _highs().getLp().integrality_] == held == ints.astype(int).tolist()
+        assert word == "Optimal" and res.status == "optimal"
+        assert res.objective == info.objective_function_value and np.array_equal(res.x, want)
+
+
 def test_constraint_families_named_alike_in_both_emissions():
     """Every family is one named Pyomo Constraint and one named row range of the highspy arrays,
     with the same rows (same coefficients on the same named variables, same bounds)."""

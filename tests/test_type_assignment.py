@@ -71,3 +71,19 @@ def test_type_assignment_families_are_named():
     names = list(lp.row_names_)
     assert names == ([f"one_grid_per_job[{j}]" for j in jobs] + [f"type_capacity[{t}]" for t in types]
                      + ["migration_cap"])
+
+
+def test_type_programs_leave_the_shared_highs_options_as_found():
+    """The programs run without feasibility jump (type_assignment.HIGHS_OPTIONS) on the process's one HiGHS
+    instance, which the arena MILP solves on next: the option is back to what it was after each solve."""
+    from arena_opt.milp.solve import _highs
+    from arena_opt.policies.type_assignment import HIGHS_OPTIONS
+
+    snap, options, util = instance(1)
+    pmap = pools(snap)
+    h = _highs()
+    before = {k: h.getOptionValue(k)[1] for k in HIGHS_OPTIONS}
+    assert before != HIGHS_OPTIONS  # the default is on: otherwise this test would check nothing
+    chosen, stats = assign_types(options, util, pmap, {}, 1, time_limit_s=10, mip_gap=0.0, fallback={})
+    assert stats.status == "optimal"
+    assert {k: _highs().getOptionValue(k)[1] for k in HIGHS_OPTIONS} == before

@@ -265,11 +265,8 @@ def to_highs(lm: LinearModel, names: bool = False, relaxed: bool = False):
     lp.a_matrix_.index_ = a.index
     lp.a_matrix_.value_ = a.value
     if not a.is_lp:
-        # one list product per block, not one enum lookup per column
-        t, ints = highspy.HighsVarType, []
-        for b in lm.blocks:
-            ints += [t.kContinuous if b.kind == "C" else t.kInteger] * b.size
-        lp.integrality_ = ints
+        kind = {int(t): t for t in (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)}
+        lp.integrality_ = [kind[v] for v in a.integrality.tolist()]
     if names:
         lp.row_names_ = lm.row_names()
         lp.col_names_ = lm.col_names()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arena_opt.milp.linear import HighsArrays, LinearModel, pyomo_values, to_highs, to_pyomo
+from arena_opt.milp.linear import HighsArrays, LinearModel, highs_arrays, pyomo_values, to_pyomo
 from arena_opt.milp.model import level1_model, model_constant, selection_from, start_vector
 from arena_opt.milp.problem import ClusterProblem
 
@@ -104,10 +104,12 @@ class LinearResult:
 
 
 def solve_linear(lm: LinearModel, *, time_limit_s: float, mip_gap: float, threads: int, backend: str = "highspy",
-                 start: np.ndarray | None = None, deadline: float | None = None) -> LinearResult:
+                 start: np.ndarray | None = None, deadline: float | None = None,
+                 options: dict | None = None) -> LinearResult:
     """Solve a LinearModel with HiGHS, through Pyomo or as highspy arrays: the one solve path of the
     level-1 MILP and of the baselines' 0/1 programs. `start`: values of the first len(start) columns
-    as a first incumbent (highspy only). `deadline`: see `solve_problem`."""
+    as a first incumbent (highspy only). `deadline`: see `solve_problem`. `options`: further HiGHS
+    options for this solve (highspy only; `run_highs`)."""
     if backend not in ("pyomo", "highspy"):
         raise ValueError(f"backend must be pyomo or highspy, not {backend!r}")
     threads = solver_threads(threads)
@@ -128,10 +130,10 @@ def solve_linear(lm: LinearModel, *, time_limit_s: float, mip_gap: float, thread
                 x, obj = pyomo_values(m, lm), float(res.incumbent_objective)
             bound = res.objective_bound
         else:
-            lp = to_highs(lm)
+            lp = highs_arrays(lm)
             t1 = time.perf_counter()
             word, info, x = run_highs(lp, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, start=start,
-                                      deadline=deadline)
+                                      deadline=deadline, options=options)
             status = _HIGHS_STATUS.get(word, word)
             obj = float(info.objective_function_value) if x is not None else None
             bound = info.mip_dual_bound if info is not None else None
