@@ -140,6 +140,46 @@ def test_elasticflow_minimum_share_meets_the_deadline(est):
     assert d["x"].num_gpus + d["y"].num_gpus > 5
 
 
+def test_elasticflow_kept_rungs_give_the_share_computed_afresh(est):
+    """ElasticFlow keeps each job's rung delays and times while its ladder and running count stay: round after
+    round (time and remaining work moving, the job starting and being resized) the share and the running rung
+    equal a plain pass over the ladder."""
+    cl = load_cluster("a100:4x4")
+    pol = make_policy("elasticflow", {}, estimator=est)
+    pol.reconfig = ReconfigModel()  # checkpoint mode: delays depend on the count and on a resume
+    base = job("x", 1, iters=20_000)
+    opts = GridCatalog.of(est).options(base, cl)
+    ladder = sorted((g for (t, _), g in opts.items() if t == "a100-40gb"), key=lambda g: g.num_gpus)
+    assert len(ladder) >= 4
+
+    def plain(j, lad, cur, now):
+        for i, g in enumerate(lad):
+            same = cur is not None and g.num_gpus == cur.num_gpus
+            delay = 0.0 if same else pol.reconfig.delay_s(j.arch, g.num_gpus, resumed=j.running is not None)
+            if now + delay + j.remaining_iterations * g.result.iter_time_s <= j.deadline:
+                return i, True
+        return 0, False
+
+    waiting = job("x", 1, iters=20_000, deadline=30 + 20_000 * ladder[2].result.iter_time_s)
+    on_two = running(waiting, cl, est, {cl.nodes[0].id: [0, 1]})
+    on_four = running(waiting, cl, est, {cl.nodes[0].id: [0, 1, 2, 3]})
+    seen = set()
+    for j, cur in ((waiting, None), (on_two, ladder[1]), (on_two, ladder[1]), (on_four, ladder[2]),
+                   (waiting, None)):
+        for rem in (20_000, 15_000, 9_000, 100):
+            for now in (0.0, 600.0, 6_000.0, 60_000.0):
+                jj = j.model_copy(update={"remaining_iterations": float(rem)})
+                want = plain(jj, ladder, cur, now)
+                assert pol._share(jj, ladder, cur, now) == want
+                seen.add(want)
+        held = next((k for k, g in enumerate(ladder) if cur is not None and g.num_gpus == cur.num_gpus), 0)
+        assert pol._rungs(j, ladder, cur)[1] == held
+    assert len(seen) >= 3  # several rungs won, and none at all
+    # another ladder object (the catalog derived it anew) is not served the kept rungs
+    other = ladder[1:]
+    assert pol._share(waiting, other, None, 0.0) == plain(waiting, other, None, 0.0)
+
+
 def test_elasticflow_keeps_the_type(est):
     cl = load_cluster("a100:1x4,a10:2x2")
     d = decide("elasticflow", snap(cl, [job("a", 1, "a10")]), est)

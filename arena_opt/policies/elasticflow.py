@@ -30,21 +30,38 @@ class ElasticFlowPolicy(PackedPolicy):
     def __init__(self, options: ElasticFlowOptions | dict | None = None, estimator=None):
         super().__init__(options, estimator)
         self.use_deadlines = self.options.use_deadlines
+        self._rung_memo: dict[str, tuple] = {}  # job id -> (its ladder, (running count, resumed), _rungs)
 
     def _share(self, job, ladder: list[Grid], cur: Grid | None, now: float) -> tuple[int, bool]:
         """Index in the ladder of the smallest count meeting the deadline, and whether one does."""
         if not self.use_deadlines or job.deadline is None:
             return 0, False
-        for i, g in enumerate(ladder):
-            same = cur is not None and g.num_gpus == cur.num_gpus
-            delay = 0.0 if same else self.reconfig.delay_s(job.arch, g.num_gpus, resumed=job.running is not None)
-            if now + delay + job.remaining_iterations * g.result.iter_time_s <= job.deadline:
+        rem, deadline = job.remaining_iterations, job.deadline
+        for i, (delay, t) in enumerate(self._rungs(job, ladder, cur)[0]):
+            if now + delay + rem * t <= deadline:
                 return i, True
         return 0, False
+
+    def _rungs(self, job, ladder: list[Grid], cur: Grid | None) -> tuple[list[tuple[float, float]], int]:
+        """(reconfiguration delay, seconds per iteration) of each rung of the job's ladder, and the rung of its
+        running count (0 when none): the same round after round while its ladder and its running count are
+        (kept per job: every job's ladder is looked at every round, hundreds of jobs per round)."""
+        n, resumed = None if cur is None else cur.num_gpus, job.running is not None
+        hit = self._rung_memo.get(job.id)
+        if hit is not None and hit[0] is ladder and hit[1] == (n, resumed):
+            return hit[2]
+        rungs = [(0.0 if g.num_gpus == n else self.reconfig.delay_s(job.arch, g.num_gpus, resumed=resumed),
+                  g.result.iter_time_s) for g in ladder]
+        held = next((k for k, g in enumerate(ladder) if g.num_gpus == n), 0)
+        self._rung_memo[job.id] = (ladder, (n, resumed), (rungs, held))
+        return rungs, held
 
     def plan(self, snapshot):
         now = snapshot.time
         pack, current, held = self.start_state(snapshot)
+        if len(self._rung_memo) > 2 * len(snapshot.jobs):  # finished jobs' rungs
+            ids = {j.id for j in snapshot.jobs}
+            self._rung_memo = {j: v for j, v in self._rung_memo.items() if j in ids}
         reasons: dict[str, str] = {}
         ladders: dict[str, list[Grid]] = {}
         entries = []
@@ -80,8 +97,7 @@ class ElasticFlowPolicy(PackedPolicy):
             cur = current.get(jid)
             if cur is not None:
                 # running jobs come first and take at most what they hold, so they always fit
-                held_level = next((k for k, g in enumerate(ladder) if g.num_gpus == cur.num_gpus), 0)
-                share = min(share, held_level)
+                share = min(share, self._rungs(job, ladder, cur)[1])
             if ladder[share].num_gpus <= free[t]:
                 level[jid] = share
                 free[t] -= ladder[share].num_gpus
