@@ -97,6 +97,10 @@ BENCHES = (
     Bench("repeatability.json", ("python bench/repeatability.py bench/results/estimator_accuracy.json",), 5,
           after=("estimator_accuracy.json",)),
     Bench("simulate.json", ("python bench/simulate.py",), 420),
+    # issue 14's "all six together": the comparison a user runs on this 2-core machine, two policies at a time
+    # (arena, the longest, first); run with nothing beside it
+    Bench("simulate-parallel.json", ("python bench/simulate.py --policies arena,arena-greedy,gavel,sia,elasticflow,"
+                                     "fcfs --modes full --parallel 2 --name simulate-parallel",), 150),
     Bench("simulate-baselines-timing.json", ("python bench/simulate.py --policies fcfs,gavel,sia,elasticflow,"
                                              "arena-greedy --modes full --name simulate-baselines-timing",), 240),
     Bench("bound-philly.json", ("python bench/bound.py --parts philly --name bound-philly --time-limit 1200",),
