@@ -348,6 +348,39 @@ def test_layer_terms_are_elementwise_in_the_grid_shape():
         assert float(np.broadcast_to(many.microbatch_s, m.shape)[i]) == float(one.microbatch_s)
 
 
+@pytest.mark.parametrize("model,variant", [("moe-2.4B", {}), ("moe-2.4B", {"moe_expert_parallel": True}),
+                                           ("bert-2.6B", {"pipeline_crosses_nodes": True}),
+                                           ("wide_resnet-2B", {"optimizer_sharded": True})])
+def test_layer_costs_of_repeated_candidates_equal_costing_each(model, variant):
+    """`layer_costs` costs each distinct candidate of a stack once (repeats: other pipeline depths, node
+    shapes, batches giving the same micro-batch): every row must be the bits of that candidate's own call
+    and of the plain stacked terms, under the rules where dp and the node shape enter the costs."""
+    from arena_opt.perf.analytical import _distinct_candidates, calibrated_params, rate_vector
+
+    params = calibrated_params().model_copy(update=variant)
+    arch, spec = get_arch(model), BUILTIN_GPUS["a100-40gb"]
+    table = cost_table(arch, params)
+    links = links_for(spec, None, params)
+    rows = [(nodes, gpn, batch, dp, tp, m, rc) for nodes, gpn in ((1, 4), (2, 4), (4, 4), (2, 2))
+            for batch, m in ((64, 1), (128, 2), (128, 1), (256, 4)) for tp in (1, 2) for dp in (1, 2, 4)
+            for rc in (False, True) if dp * tp <= nodes * gpn]
+    nodes, gpn, batch, dp, tp, m, rc = (np.array(x) for x in zip(*rows))
+    kw = dict(nodes=nodes[:, None], gpus_per_node=gpn[:, None], batch=batch, dp=dp, tp=tp, m=m, recompute=rc)
+    first, _ = _distinct_candidates(links, **kw)
+    assert first is not None and len(first) < len(rows) / 2  # the stack repeats candidates
+    many = layer_costs(table, spec, "a100-40gb", links, params=params, **kw)
+    plain = layer_terms(table, spec, links, **kw).costs(rate_vector(params, "a100-40gb", table.dtype, links.intra_kind,
+                                                                    table.family))
+    for f in FIELDS + ("microbatch_s",):
+        assert getattr(many, f).tobytes() == getattr(plain, f).tobytes(), f
+    for i, (n, g, b, d, t, k, r) in enumerate(rows):
+        one = layer_costs(table, spec, "a100-40gb", links, nodes=n, gpus_per_node=g, batch=b, dp=d, tp=t, m=k,
+                          recompute=r, params=params)
+        for f in FIELDS:
+            assert getattr(many, f)[i].tobytes() == getattr(one, f).tobytes(), (rows[i], f)
+        assert float(many.microbatch_s[i]) == float(one.microbatch_s)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_split_many_with_caps_per_candidate_and_in_chunks_equals_one_at_a_time(seed, monkeypatch):
     import arena_opt.perf.compose as compose

@@ -86,3 +86,51 @@ def test_split_many_equals_the_plain_dp_on_every_stack_of_a_shipped_instance(ins
     assert feasible > 0
     if instance != "small":
         assert {1, 2, 4, 8, 16} <= depths
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_bisected_memory_test_equals_the_plain_dp_on_wide_random_stacks(seed, monkeypatch):
+    """Stacks whose middle-stage band is wide enough for `first_fitting`'s bisection, with transient
+    memory on some layers, small-integer costs and caps (many equal splits, segments that fill memory
+    exactly) on odd seeds, and caps well below the whole model's need (fitting boundaries inside the
+    band): bit for bit the plain DP, and the bisection did decide."""
+    import arena_opt.perf.compose as compose
+    from arena_opt.perf.compose import LayerCosts
+
+    rng = np.random.default_rng(500 + seed)
+    c, n = int(rng.integers(6, 30)), int(rng.integers(30, 41))
+    pp = int(rng.choice([3, 4, 6]))
+
+    def draw(lo, hi):
+        x = rng.uniform(lo, hi, (c, n))
+        return np.round(x * 4) if seed % 2 else x
+
+    peak = draw(0, 6) * (rng.random((c, n)) < 0.3)
+    lc = LayerCosts(draw(0.1, 1.0), draw(0, 0.2), draw(0, 0.3), draw(0, 0.05), draw(1, 4), draw(0.1, 1), peak,
+                    stage_s=rng.uniform(0, 0.1, c))
+    m = rng.choice([pp, 2 * pp, 4 * pp], c)
+    whole = lc.static_bytes.sum(axis=1) + pp * lc.act_bytes.sum(axis=1)
+    caps = whole * rng.uniform(0.25, 0.9, c)
+    if seed % 2:  # integer caps on integer bytes: segments that fit exactly, at the bisection's boundary
+        caps = np.floor(caps)
+    # the bisection's boundaries against every segment's memory: the first fitting j of each (stage, i)
+    s = _Segments(lc, pp, m)
+    _, _, static, act, peak = s.full()  # [c, j, i]
+    first = s.first_fitting(caps.reshape(c, 1))
+    for k in range(1, pp - 1):
+        fits = static + np.minimum(m, pp - k)[:, None, None] * act + peak <= caps[:, None, None]
+        for x, i in enumerate(range(k + 1, n - (pp - 1 - k) + 1)):
+            js = [j for j in range(k, i)]
+            want = np.array([next((j for j in js if fits[r, j, i]), i) for r in range(c)])
+            assert np.array_equal(first[:, k - 1, x], want), (k, i)
+    used = []
+    bisect = compose._Segments.first_fitting
+    monkeypatch.setattr(compose._Segments, "first_fitting", lambda s, cap: used.append(1) or bisect(s, cap))
+    got = split_many(lc, pp, m, caps)
+    ok, best, bounds, times, mems = plain_dp(lc, pp, m, caps)
+    assert used and ok.any()
+    assert np.array_equal(got.feasible, ok)
+    assert np.array_equal(got.iter_time_s, best)
+    assert np.array_equal(got.bounds[ok], bounds[ok])
+    assert got.stage_time_s[ok].tobytes() == times[ok].tobytes()
+    assert got.mem_bytes[ok].tobytes() == mems[ok].tobytes()

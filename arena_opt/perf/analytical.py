@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFlo
 
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf.comm import LINK_DEFAULTS
-from arena_opt.perf.compose import LayerCosts
+from arena_opt.perf.compose import LayerCosts, take
 from models.catalog import Arch
 from models.layers import BYTES_FP16, LayerTable, layer_table
 
@@ -286,6 +286,16 @@ def micro_batch(table: LayerTable, b, tp, ep=1) -> MicroBatch:
                       table.act_in * b * scale, dp_params, a2a_bytes)
 
 
+def _crossings(nodes, gpus_per_node, dp, tp, links: Links):
+    """(the dp gradient all-reduce crosses nodes, a stage boundary crosses nodes): the only way a grid's
+    nodes and GPUs per node enter a layer's costs."""
+    # the dp group spans nodes once a stage's dp x tp group is larger than a node
+    crosses = (nodes > 1) & (dp * tp > gpus_per_node)
+    # stage boundaries cross nodes once a stage's dp x tp group fills a node
+    p2p_inter = (nodes > 1) & ((dp * tp >= gpus_per_node) | links.pipeline_crosses_nodes)
+    return crosses, p2p_inter
+
+
 def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gpus_per_node: int, batch: int,
                 dp, tp, m, recompute) -> LayerTerms:
     """Per-layer coefficients for one micro-batch of batch/(dp*m) samples under tp-way sharding.
@@ -316,8 +326,7 @@ def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gp
     step[..., 3, :] += 2 * f * q.tp_bytes / links.intra_bw
     step[..., 5, :] += 2 * a * links.alpha_intra * (q.tp_bytes > 0)
 
-    # the dp group spans nodes once a stage's dp x tp group is larger than a node
-    crosses = (nodes > 1) & (dp * tp > gpus_per_node)
+    crosses, p2p_inter = _crossings(nodes, gpus_per_node, dp, tp, links)
     # expert parallelism: dispatch and combine all-to-all in every pass (forward, backward, recomputed
     # forward), (dp - 1) / dp of the routed tokens leave the rank, on the dp group's slowest link
     a2a = np.where(rc, 6.0, 4.0) * (dp - 1) / dp * q.a2a_bytes
@@ -326,8 +335,6 @@ def layer_terms(table: LayerTable, gpu: GpuSpec, links: Links, *, nodes: int, gp
     step[..., 5, :] += (np.where(rc, 6.0, 4.0) * (dp - 1) * np.where(crosses, links.alpha_inter, links.alpha_intra)
                         * (q.a2a_bytes > 0))
 
-    # stage boundaries cross nodes once a stage's dp x tp group fills a node
-    p2p_inter = (nodes > 1) & ((dp * tp >= gpus_per_node) | links.pipeline_crosses_nodes)
     p2p = np.zeros(lead + (V, n))
     sent = 2 * q.out_bytes / np.where(p2p_inter, links.inter_bw, links.intra_bw)
     p2p[..., 4, :] = np.where(p2p_inter, sent, 0.0)
@@ -367,10 +374,43 @@ def layer_costs(table: LayerTable, gpu: GpuSpec, gpu_name: str, links: Links, *,
                 gpus_per_node: int, batch: int, dp, tp, m, recompute, params: CostParams) -> LayerCosts:
     """Per-layer costs for one micro-batch of batch/(dp*m) samples under tp-way sharding (a stack of
     candidates when dp, tp, m, recompute are arrays, as in `layer_terms`)."""
-    terms = layer_terms(table, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node, batch=batch, dp=dp, tp=tp,
-                        m=m, recompute=recompute)
-    return terms.costs(rate_vector(params, gpu_name, getattr(table, "dtype", "fp16"), links.intra_kind,
-                                   getattr(table, "family", "")))
+    rates = rate_vector(params, gpu_name, getattr(table, "dtype", "fp16"), links.intra_kind,
+                        getattr(table, "family", ""))
+    args = {"nodes": nodes, "gpus_per_node": gpus_per_node, "batch": batch, "dp": dp, "tp": tp, "m": m,
+            "recompute": recompute}
+    first, inverse = _distinct_candidates(links, **args)
+    if first is None:
+        return layer_terms(table, gpu, links, **args).costs(rates)
+    # a stack's candidates repeat (grids of one model on other pipeline depths, node shapes or batches that
+    # give one micro-batch: a cold medium round's 18,100 are 5,500 distinct): each is costed once, and the
+    # rows are the same bits as costing every candidate (elementwise rules)
+    at = {k: v if np.ndim(v) == 0 else np.asarray(v)[first] for k, v in args.items()}
+    return take(layer_terms(table, gpu, links, **at).costs(rates), inverse)
+
+
+def _distinct_candidates(links: Links, *, nodes, gpus_per_node, batch, dp, tp, m, recompute):
+    """(first candidate of each distinct cost, each candidate's distinct cost) of a stack whose arrays all
+    have the candidates on their first axis, or (None, None) where there is nothing to share. Two
+    candidates cost the same when they agree on every quantity `layer_terms` reads: the micro-batch
+    (computed as there), tp, dp, recomputation and where the collectives cross nodes."""
+    dp, tp, m = np.asarray(dp), np.asarray(tp), np.asarray(m)
+    c = len(dp) if dp.ndim == 1 else 0
+    # layer_terms' shapes: per-candidate values as (C,), the grid's nodes and GPUs per node as (C, 1)
+    if c < 2 or any(np.shape(x) not in ((), (c,)) for x in (batch, tp, m, recompute)) or any(
+            np.shape(x) not in ((), (c, 1)) for x in (nodes, gpus_per_node)):
+        return None, None
+    crosses, p2p_inter = _crossings(nodes, gpus_per_node, dp[:, None], tp[:, None], links)
+    cols = [np.broadcast_to(x, (c,)) for x in (batch / (dp * m), tp, dp, recompute, crosses[:, 0], p2p_inter[:, 0])]
+    order = np.lexsort(cols[::-1])
+    ranked = np.stack([x[order] for x in cols], axis=1).astype(float)
+    new = np.ones(c, dtype=bool)
+    new[1:] = np.any(ranked[1:] != ranked[:-1], axis=1)
+    if new.all():
+        return None, None
+    group = np.cumsum(new) - 1
+    inverse = np.empty(c, dtype=int)
+    inverse[order] = group
+    return order[new], inverse
 
 
 def roofline_load_s(table: LayerTable, gpu: GpuSpec, *, micro_batch_size: float, tp: int = 1,

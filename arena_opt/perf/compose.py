@@ -186,6 +186,50 @@ class _Segments:
         t, cost, _ = self._terms(0, seg, lambda P: P[:, None, :], None, memory=False)
         return valid, cost, seg(self.ST), seg(self.ACT), np.maximum(np.maximum.accumulate(peak, axis=2), 0.0)
 
+    def first_fitting(self, cap: np.ndarray) -> np.ndarray:
+        """(C, pp - 2, n - pp + 1): for middle stage k (k - 1 on axis 1) and each last layer i of its band
+        (i = k + 1 + x, x on axis 2), the first j in [k, i) whose segment [j, i) fits in memory as stage k,
+        i where none does; for stacks without negative bytes, where a segment's memory never grows as j
+        moves right, so a bisection finds it. Each probe is the sum `split_many`'s memory test computes for
+        that segment, the same operations in the same order, so it answers alike for every (j, i)."""
+        c, pp, n = len(self.S), self.pp, self.n
+        ks = np.arange(1, pp - 1)[:, None]
+        i = ks + 1 + np.arange(n - pp + 1)[None, :]  # (K, W)
+        a = np.broadcast_to(ks, (c, *i.shape)).copy()
+        b = np.broadcast_to(i, (c, *i.shape)).copy()
+        rows = np.arange(c)[:, None, None]
+        st, act = self.ST[rows, i], self.ACT[rows, i]
+        inflight = np.minimum(self.m[:, :, None], pp - ks)  # (C, K, 1)
+        cap = cap.reshape(c, 1, 1)
+        table = None if self.no_peak else self._peak_table()
+        while True:
+            open_ = a < b
+            if not open_.any():
+                return a
+            mid = (a + b) // 2
+            mem = inflight * (act - self.ACT[rows, mid])
+            mem += st - self.ST[rows, mid]
+            if table is not None:
+                # max over the layers mid..i-1 from two entries of the table (mid = i only where the
+                # bisection is closed: the probe is then unused)
+                level = np.log2(np.maximum(i - mid, 1)).astype(int)
+                mem += np.maximum(np.maximum(table[level, rows, mid],
+                                             table[level, rows, np.maximum(i - (1 << level), mid)]), 0.0)
+            fits = mem <= cap
+            b = np.where(open_ & fits, mid, b)
+            a = np.where(open_ & ~fits, mid + 1, a)
+
+    def _peak_table(self) -> np.ndarray:
+        """(levels, C, L): at level e and layer j, the largest transient memory of layers j..j+2^e-1 (cut
+        at the last layer): the max over any range of layers from two entries."""
+        levels = [self.peak]
+        while (1 << len(levels)) <= self.n:
+            prev, w = levels[-1], 1 << (len(levels) - 1)
+            nxt = prev.copy()
+            np.maximum(prev[:, :-w], prev[:, w:], out=nxt[:, :-w])
+            levels.append(nxt)
+        return np.stack(levels)
+
     def middle(self, memory: bool):
         """The segments [j, i) a middle stage can hold (1 <= j <= n - 2, 2 <= i <= n - 1) as (C, i, j)
         arrays, so that the DP's minimum over j runs along the last, contiguous axis: cost (the same for
@@ -224,6 +268,9 @@ class _Segments:
 
 # elements of one (candidates, L+1, L+1) middle-stage array: larger stacks are split in chunks of rows
 _FULL_CHUNK = 1 << 18
+# the narrowest middle-stage band (n - pp + 1 split points) where the bisection beats the memory arrays
+# (cold medium round's stacks: 35 layers at pp 4 and 8 faster by 0-25%; 18 or 26 layers, or pp 16, slower)
+_BISECT_BAND = 24
 
 
 def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
@@ -235,11 +282,36 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
     Stage 0 only starts at layer 0 and the last stage only ends at layer n, so they need one row and one
     column of segments; a middle stage k only the band of split points that leave every other stage a
     layer (k <= j < i <= n - (pp - 1 - k)). Outside it f is +inf, so the first minimum (the tie-break
-    of the full DP) is the same."""
+    of the full DP) is the same.
+
+    Rounding is monotone, so with no negative bytes a segment's memory only shrinks as its first layer j
+    moves right: the middle-stage segments [j, i) that fit are those from the first fitting j on,
+    bisected for the whole stack at once (`_Segments.first_fitting`) instead of (C, L, L) memory arrays
+    in every chunk; the same sums, so the same result."""
     lc = _stacked(lc)
     c, n = lc.step_s.shape
     m = np.broadcast_to(np.asarray(m), (c,))
     caps = np.broadcast_to(np.asarray(mem_cap_bytes, dtype=float), (c,))
+    first = None
+    if 2 < pp and n - pp + 1 >= _BISECT_BAND and np.all(lc.static_bytes >= 0) and np.all(lc.act_bytes >= 0):
+        s = _Segments(lc, pp, m)
+        if not _roomy(lc, s, pp, caps):
+            first = s.first_fitting(caps.reshape(c, 1))
+    return _split_many(lc, pp, m, caps, first)
+
+
+def _roomy(lc: LayerCosts, s: _Segments, pp: int, caps: np.ndarray) -> bool:
+    """Every middle-stage segment of every candidate fits in memory: rounding is monotone, so with no
+    negative bytes no segment needs more than the whole model with pp micro-batches in flight."""
+    n = s.n
+    return bool(np.all(lc.static_bytes >= 0) and np.all(lc.act_bytes >= 0) and np.all(
+        s.ST[:, n] + np.minimum(s.m[:, 0], pp) * s.ACT[:, n] + np.maximum(s.peak.max(axis=1), 0.0) <= caps))
+
+
+def _split_many(lc: LayerCosts, pp: int, m: np.ndarray, caps: np.ndarray, first: np.ndarray | None) -> Splits:
+    """`split_many` of a stack (m, caps: one per candidate), `first` its `first_fitting` or None (then
+    the memory test on every segment, unless every segment fits)."""
+    c, n = lc.step_s.shape
     rows = np.arange(c)
     bounds = np.zeros((c, pp + 1), dtype=int)
     bounds[:, pp] = n
@@ -248,8 +320,8 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
         return Splits(np.zeros(c, dtype=bool), bounds, np.full(c, np.inf), empty, empty)
     chunk = max(1, _FULL_CHUNK // (n + 1) ** 2)
     if pp > 2 and c > chunk:  # every row is split on its own: chunks of rows give the same result
-        parts = [split_many(take(lc, slice(a, a + chunk)), pp, m[a:a + chunk], caps[a:a + chunk])
-                 for a in range(0, c, chunk)]
+        parts = [_split_many(take(lc, slice(a, a + chunk)), pp, m[a:a + chunk], caps[a:a + chunk],
+                             None if first is None else first[a:a + chunk]) for a in range(0, c, chunk)]
         return Splits(*(np.concatenate([getattr(p, f) for p in parts]) for f in Splits.__dataclass_fields__))
     cap = caps.reshape(c, 1)
     if pp > 2:
@@ -259,7 +331,7 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
             out = Splits(np.zeros(c, dtype=bool), bounds, np.full(c, np.inf), np.full((c, pp), np.inf),
                          np.full((c, pp), np.inf))
             if len(keep):
-                got = split_many(take(lc, keep), pp, m[keep], caps[keep])
+                got = _split_many(take(lc, keep), pp, m[keep], caps[keep], None if first is None else first[keep])
                 for f in Splits.__dataclass_fields__:
                     getattr(out, f)[keep] = getattr(got, f)
             return out
@@ -271,17 +343,16 @@ def split_many(lc: LayerCosts, pp: int, m, mem_cap_bytes) -> Splits:
     f = np.where(mem0 <= cap, cost0, np.inf)  # f[:, i] = best bottleneck for the first i layers in k+1 stages
     choice = {}
     if pp > 2:
-        # Rounding is monotone, so no segment needs more than the whole model with pp micro-batches in
-        # flight: where that fits, every middle stage fits and the memory test is skipped (same result).
-        roomy = bool(np.all(lc.static_bytes >= 0) and np.all(lc.act_bytes >= 0) and np.all(
-            s.ST[:, n] + np.minimum(s.m[:, 0], pp) * s.ACT[:, n] + np.maximum(s.peak.max(axis=1), 0.0) <= caps))
-        cost, static, act, peak = s.middle(not roomy)
+        roomy = _roomy(lc, s, pp, caps)  # then the memory test is skipped (same result)
+        cost, static, act, peak = s.middle(not roomy and first is None)
         for k in range(1, pp - 1):
             lo, hi = k, n - (pp - 1 - k)  # j in [lo, hi), i in (lo, hi]; middle()'s axes start at j = 1, i = 2
             band = (slice(None), slice(lo - 1, hi - 1), slice(lo - 1, hi - 1))
             seg = cost[band]
             cand = np.maximum(f[:, None, lo:hi], seg)  # [c, i, j]
-            if not roomy:
+            if first is not None and not roomy:
+                np.copyto(cand, np.inf, where=np.arange(lo, hi)[None, None, :] < first[:, k - 1, :, None])
+            elif not roomy:
                 mem = np.minimum(s.m, pp - k)[:, :, None] * act[band]
                 mem += static[band]  # static + inflight * act, as `_terms` sums it
                 if peak is not None:
