@@ -100,6 +100,20 @@ class Contention:
         for r in jl.loads:
             self.users[r].remove(job_id)
 
+    def requeue(self, job_id: str) -> None:
+        """Put a registered job last in placement order, as `remove` then `add` with the same grid and
+        placement would (its loads do not change), without recomputing them; nothing if unregistered."""
+        jl = self.placed.get(job_id)
+        if jl is None:
+            return
+        del self._order[job_id]
+        self._order[job_id] = len(self._order)
+        self.placed[job_id] = self.placed.pop(job_id)
+        for r in jl.loads:
+            users = self.users[r]
+            users.remove(job_id)
+            users.append(job_id)
+
     def slowdowns(self) -> dict[str, float]:
         """Slowdown factor (>= 1) of every registered job that loads a shared link; others run at 1."""
         out: dict[str, float] = {}

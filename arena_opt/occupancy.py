@@ -305,6 +305,43 @@ class Occupancy:
                 return {nid: self.gpus_free(nid)[:per_node]}
         return None
 
+    def fits(self, grid: Grid, freed: Placement | None = None) -> bool:
+        """Whether `find(grid)` would place it, with `freed`'s GPUs counted as free, without placing
+        anything: a policy that only asks is spared a hold and its rollback. The rules of `find` give
+        room exactly when a multi-node grid has enough whole free nodes, a sub-node grid a node with
+        enough free GPUs; a job's previous nodes and the contention only choose among them."""
+        return self.fits_shape(grid.pool, grid.shape.nodes, grid.shape.gpus_per_node, freed)
+
+    def fits_shape(self, pool_key: tuple, nodes: int, per_node: int, freed: Placement | None = None) -> bool:
+        """`fits` of a shape, as `find_shape` finds one."""
+        p = self.pool.get(pool_key)
+        if p is None:
+            return False
+        given = self._given_back(pool_key, freed) if freed else {}
+        if nodes > 1:
+            whole = len(p.bucket[p.g]) + sum(1 for i, n in given.items() if p.count[i] < p.g == p.count[i] + n)
+            return whole >= nodes
+        if any(p.bucket[c] for c in range(per_node, p.g + 1)):
+            return True
+        return any(p.count[i] + n >= per_node for i, n in given.items())
+
+    def fits_released(self, grid: Grid, job_id: str) -> bool:
+        """`fits(grid)` with the job's own GPUs given back, leaving the state as `release` then
+        `rollback` would: the contention's placement order (which orders its sums) has the job last."""
+        if self.contention is not None:
+            self.contention.requeue(job_id)
+        return self.fits(grid, self.where[job_id])
+
+    @property
+    def no_contention(self) -> bool:
+        """Nothing registered with a contention: holds and releases, rolled back, leave it as it was."""
+        return self.contention is None or not self.contention.placed
+
+    def _given_back(self, pool_key: tuple, freed: Placement) -> dict[int, int]:
+        """Node position in the pool -> GPUs `freed` gives back there."""
+        where = self.layout.where
+        return {where[nid][1]: len(gpus) for nid, gpus in freed.items() if where[nid][0] == pool_key}
+
     def take(self, job_id: str, grid: Grid, prev: Iterable[str] | None = ()) -> Placement | None:
         """`find` and `hold` in one: the placement, or None (nothing changed)."""
         pl = self.find(grid, prev, job_id)

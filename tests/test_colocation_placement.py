@@ -223,3 +223,36 @@ def test_rollback_restores_the_contention_and_the_order_of_ties():
     assert occ.find(one) != first
     occ.rollback(m)
     assert occ.find(one) == first
+
+
+def _contention_state(c):
+    return list(c.placed), {j: c.placed[j].loads for j in c.placed}, dict(c._order), \
+        {r: list(js) for r, js in c.users.items()}
+
+
+def test_fits_released_leaves_the_contention_as_a_release_and_rollback_would():
+    """A job asked about goes last in the contention's placement order, as giving its GPUs back and
+    taking them again puts it (`Contention.requeue` instead of `remove` and `add`)."""
+    snap = _racks_snapshot()
+    x, y = _grid(snap, "x", 4, 16), _grid(snap, "y", 4, 16)
+    links = LinkLoads({n.id: n for n in snap.nodes}, rack_map(snap), snap.catalog, EST.params,
+                      ColocationOptions(uplink_oversubscription=4.0))
+    occs = []
+    for _ in range(2):
+        c = Contention(snap, links, CommShares(EST.params))
+        occ = Occupancy.of(snap, [("x", snap.jobs[0].running.placement, x)], c)
+        occ.take("y", y)
+        occs.append(occ)
+    asked, done = occs
+    assert list(asked.contention.placed) == ["x", "y"]
+    for jid, grid in (("x", y), ("y", x), ("x", _grid(snap, "y", 1, 4))):
+        m = done.mark()
+        want = done.find(grid, done.release(jid)) is not None
+        done.rollback(m)
+        assert asked.fits_released(grid, jid) is want
+        assert _contention_state(asked.contention) == _contention_state(done.contention)
+    assert list(asked.contention.placed) == ["y", "x"]
+    assert not asked.no_contention
+    asked.release("x")
+    asked.release("y")
+    assert asked.no_contention

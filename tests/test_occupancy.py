@@ -79,6 +79,15 @@ def _old_multi_node_find(occ, pool_key, nodes, prev=(), rack_cost=None):
     return {n: occ.gpus_free(n)[:p.g] for n in pick}
 
 
+def _hold(occ, held, job, placement) -> bool:
+    """A found placement (None: nothing found) held by a new job."""
+    if placement is None:
+        return False
+    occ.hold(job, placement)
+    held.append(job)
+    return True
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_multi_node_find_keeps_its_rules_under_holds_releases_and_rollbacks(seed):
     """Racks of uneven size, sub-node and multi-node holds, releases, rollbacks, previous nodes and a rack
@@ -103,16 +112,9 @@ def test_multi_node_find_keeps_its_rules_under_holds_releases_and_rollbacks(seed
             got = occ.find_shape("p", k, 4, prev, rack_cost=cost)
             assert got == want
             finds += want is not None
-            if got is not None:
-                n += 1
-                occ.hold(f"m{n}", got)
-                held.append(f"m{n}")
+            n += _hold(occ, held, f"m{n + 1}", got)
         elif op < 0.7:
-            pl = occ.find_shape("p", 1, int(rng.choice([1, 2, 4])))
-            if pl is not None:
-                n += 1
-                occ.hold(f"s{n}", pl)
-                held.append(f"s{n}")
+            n += _hold(occ, held, f"s{n + 1}", occ.find_shape("p", 1, int(rng.choice([1, 2, 4]))))
         elif op < 0.85 and held:
             occ.release(held.pop(int(rng.integers(len(held)))))
         elif op < 0.93:
@@ -123,3 +125,40 @@ def test_multi_node_find_keeps_its_rules_under_holds_releases_and_rollbacks(seed
             held = [j for j in was if j in occ.where]
             marks = [(mm, w) for mm, w in marks if mm <= m]
     assert finds > 20
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fits_answers_what_find_and_a_release_then_rollback_give(seed):
+    """Two pools, sub-node and multi-node holds, releases and rollbacks: `fits_shape` says whether
+    `find_shape` places the shape, and with a held job's GPUs given back whether releasing it, finding
+    and rolling back would have (and leaves the free GPUs as they were)."""
+    import numpy as np
+
+    from arena_opt.occupancy import Layout, Occupancy
+
+    rng = np.random.default_rng(seed)
+    pools = {"a": ([f"a{i}" for i in range(12)], 4), "b": ([f"b{i}" for i in range(6)], 8)}
+    occ = Occupancy(Layout(pools, {n: f"r{int(rng.integers(0, 3))}" for ids, _ in pools.values() for n in ids}))
+    held, n, asked = [], 0, {True: 0, False: 0}
+    for _ in range(300):
+        key = str(rng.choice(["a", "b"]))
+        g = pools[key][1]
+        nodes = int(rng.integers(1, 5))
+        per = g if nodes > 1 else int(rng.choice([1, 2, g // 2, g, g + 1]))
+        want = occ.find_shape(key, nodes, per) is not None
+        assert occ.fits_shape(key, nodes, per) is want
+        asked[want] += 1
+        if held:
+            j = held[int(rng.integers(len(held)))]
+            free = {k: list(occ.pool[k].count) for k in pools}
+            m = occ.mark()
+            want = occ.find_shape(key, nodes, per, occ.release(j)) is not None
+            occ.rollback(m)
+            assert occ.fits_shape(key, nodes, per, occ.where[j]) is want
+            assert {k: list(occ.pool[k].count) for k in pools} == free
+        op = rng.random()
+        if op < 0.5:
+            n += _hold(occ, held, f"j{n + 1}", occ.find_shape(key, nodes, min(per, g)))
+        elif op < 0.8 and held:
+            occ.release(held.pop(int(rng.integers(len(held)))))
+    assert asked[True] > 20 and asked[False] > 20

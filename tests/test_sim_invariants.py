@@ -125,3 +125,30 @@ def test_arena_greedy_search_paths_stay_feasible(seed, cluster, estimator):
     res = run(cluster, estimator, trace, "arena-greedy")
     assert all(j.status == "done" for j in res.jobs)
     assert sum(j.reconfigs for j in res.jobs) > 0
+
+
+@pytest.mark.parametrize("seed", range(10, 13))
+def test_arena_greedy_shortcuts_change_nothing(seed, cluster, estimator, monkeypatch):
+    """The upgrades' `fits_released` and the search's sets skipped for gaining no more than the best give
+    the schedule that releasing, finding and rolling back, and trying every set, give."""
+    from arena_opt.occupancy import Occupancy
+
+    trace = generate(cluster, GenOptions(jobs=30, seed=seed, load=3.0, models=MODELS, batch_sizes=(128,),
+                                         duration_median_s=1800, burst_mean=4.0), estimator)
+    quiet, asked = [], Occupancy.no_contention.fget
+    monkeypatch.setattr(Occupancy, "no_contention", property(lambda occ: quiet.append(asked(occ)) or quiet[-1]))
+    fast = run(cluster, estimator, trace, "arena-greedy")
+    assert any(quiet)
+
+    def released_find(occ, grid, job_id):
+        m = occ.mark()
+        found = occ.find(grid, occ.release(job_id)) is not None
+        occ.rollback(m)
+        return found
+
+    monkeypatch.setattr(Occupancy, "fits_released", released_find)
+    monkeypatch.setattr(Occupancy, "no_contention", property(lambda occ: False))
+    slow = run(cluster, estimator, trace, "arena-greedy")
+    assert fast.jobs == slow.jobs
+    assert [(d["t"], d["changed"], d["jobs"]) for d in fast.decisions] == \
+        [(d["t"], d["changed"], d["jobs"]) for d in slow.decisions]

@@ -38,6 +38,10 @@ class ArenaGreedyPolicy(PackedPolicy):
         super().__init__(options, estimator)
         o = self.options
         self.depth, self.breadth, self.max_upgrades, self.max_searches = o.depth, o.breadth, o.max_upgrades, o.max_searches
+        # job -> (its options, its grid, the blocked types, its upgrades): most jobs keep all three round
+        # after round, and the upgrade loop asks for every job's upgrades up to max_upgrades times a round
+        # (see `_upgrades`)
+        self._known: dict[str, tuple[dict, Grid, frozenset[str], list[Grid]]] = {}
 
     def plan(self, snapshot):
         pack, alloc, held = self.start_state(snapshot)
@@ -138,7 +142,7 @@ class ArenaGreedyPolicy(PackedPolicy):
             if half is not None:
                 out.append((g.throughput - half.throughput, j, half))
             for (t2, c), g2 in jo.items():
-                if t2 != t and c == g.num_gpus and pack.find(g2) is not None:
+                if t2 != t and c == g.num_gpus and pack.fits(g2):
                     out.append((g.throughput - g2.throughput, j, g2))
         half = self.grid_options(job).get((t, target.num_gpus // 2)) if target.num_gpus > 1 else None
         if half is not None:
@@ -152,6 +156,10 @@ class ArenaGreedyPolicy(PackedPolicy):
         for d in range(1, self.depth + 1):
             for combo in combinations(mods, d):
                 if len({m[1] for m in combo}) < d:
+                    continue
+                # a set that cannot gain more than the best is not tried: only with nothing registered
+                # with the contention, whose placement order a try and its rollback would change
+                if best is not None and pack.no_contention and _gain(job.id, target, combo)[1] <= best[1]:
                     continue
                 m = pack.mark()
                 res = self._apply_mods(pack, job.id, target, combo)
@@ -169,20 +177,18 @@ class ArenaGreedyPolicy(PackedPolicy):
     def _apply_mods(self, pack: Occupancy, jid: str, target: Grid, combo) -> tuple[Grid, float] | None:
         """Apply a set of modifications and place the job; (its grid, total throughput gain) or None
         (then `pack` may be half changed: the caller rolls back)."""
-        grid, lost = target, 0.0
         changed: dict[str, Grid] = {}
-        for loss, j, g in combo:
-            lost += loss
+        for _, j, g in combo:
             if j == jid:
-                grid = g
                 continue
             old = pack.release(j)
             if pack.take(j, g, old) is None:
                 return None
             changed[j] = g
+        grid, gain = _gain(jid, target, combo)
         if self._fit(pack, jid, grid) is None and self._consolidate(pack, jid, grid, changed) is None:
             return None
-        return grid, grid.throughput - lost
+        return grid, gain
 
     def _preempt_later(self, pack: Occupancy, job, target: Grid, reasons: dict[str, str]) -> Grid | None:
         """Preempt jobs submitted after this one on the wanted pool, latest first, if that lets it start."""
@@ -203,25 +209,17 @@ class ArenaGreedyPolicy(PackedPolicy):
         return None
 
     def _upgrades(self, pack: Occupancy, blocked: set[str]) -> None:
+        # last round's upgrades stand for the jobs whose options and blocked types are the same
+        self._known = {j: hit for j, hit in self._known.items()
+                       if j in self.alloc and hit[0] is self.grid_options(self.jobs[j]) and hit[2] == blocked}
         for _ in range(self.max_upgrades):
             best = None
             for j, g in self.alloc.items():
-                jo = self.grid_options(self.jobs[j])
-                t = g.shape.gpu_type
-                cands = []
-                up = jo.get((t, g.num_gpus * 2))
-                if up is not None and t not in blocked:
-                    cands.append(up)
-                cands += [g2 for (t2, c), g2 in jo.items()
-                          if c == g.num_gpus and t2 != t and t2 not in blocked and g2.throughput > g.throughput]
-                for g2 in cands:
+                for g2 in self._upgrade_grids(j, g, blocked):
                     gain = g2.throughput - g.throughput
                     if gain <= 0 or (best is not None and gain <= best[0]):
                         continue
-                    m = pack.mark()  # would it fit with the job's own GPUs given back?
-                    fits = pack.find(g2, pack.release(j)) is not None
-                    pack.rollback(m)
-                    if fits:
+                    if pack.fits_released(g2, j):  # would it fit with the job's own GPUs given back?
                         best = (gain, j, g2)
             if best is None:
                 return
@@ -229,9 +227,37 @@ class ArenaGreedyPolicy(PackedPolicy):
             pack.take(j, g2, pack.release(j))
             self.alloc[j] = g2
 
+    def _upgrade_grids(self, j: str, g: Grid, blocked: set[str]) -> list[Grid]:
+        """Upgrades of job j on grid g, in the order they are weighed: double its GPUs, then a faster type
+        at its count; none on types in `blocked` (those of this round's `_upgrades`)."""
+        hit = self._known.get(j)
+        if hit is not None and hit[1] is g:
+            return hit[3]
+        jo = self.grid_options(self.jobs[j])
+        t = g.shape.gpu_type
+        cands = []
+        up = jo.get((t, g.num_gpus * 2))
+        if up is not None and t not in blocked:
+            cands.append(up)
+        cands += [g2 for (t2, c), g2 in jo.items()
+                  if c == g.num_gpus and t2 != t and t2 not in blocked and g2.throughput > g.throughput]
+        self._known[j] = (jo, g, frozenset(blocked), cands)
+        return cands
+
     def _flag(self, jid: str, grid: Grid, placement: Placement, prev: Placement | None) -> Grid:
         """A job left on exactly its old GPUs with its old grid keeps running (`current`); a job that
         moved loses the flag and is migrated."""
         if grid.current and placement != prev:
             return replace(grid, current=False)
         return grid
+
+
+def _gain(jid: str, target: Grid, combo) -> tuple[Grid, float]:
+    """The grid a set of modifications starts job `jid` on (`target`, or its own halving) and the total
+    throughput gain if it starts (known before trying: the set fixes every grid)."""
+    grid, lost = target, 0.0
+    for loss, j, g in combo:
+        lost += loss
+        if j == jid:
+            grid = g
+    return grid, grid.throughput - lost
