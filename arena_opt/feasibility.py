@@ -12,32 +12,39 @@ class InfeasibleDecision(RuntimeError):
 
 def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
     # a simulator checks every round (thousands of jobs, most waiting or kept): each job's checks read
-    # plain locals, and a node's health is looked at in full only when it is not plainly available
+    # plain locals read from the models' __dict__ (a pydantic model's attribute goes through its class's
+    # attribute lookup first), and a node's health is looked at in full only when it is not plainly available
     nodes = {n.id: n for n in snapshot.nodes}
     jobs = {j.id: j for j in snapshot.jobs}
     catalog = snapshot.catalog
     seen: set[str] = set()
-    used: dict[tuple[str, int], str] = {}
+    # node id -> GPU -> the job given it: a round hands out thousands of GPUs, each looked up by its index
+    # in its node's table rather than by a (node, GPU) tuple built and hashed per GPU
+    used: dict[str, dict[int, str]] = {}
     for d in decision.jobs:
-        jid = d.job_id
+        dd = d.__dict__
+        jid = dd["job_id"]
         job = jobs.get(jid)
         if job is None:
             raise InfeasibleDecision(f"decision for unknown job {jid!r}")
         if jid in seen:
             raise InfeasibleDecision(f"job {jid!r} has two decisions")
         seen.add(jid)
-        placement = d.placement
-        if d.action not in RUNNING_ACTIONS:
+        placement = dd["placement"]
+        if dd["action"] not in RUNNING_ACTIONS:
             if placement:
                 raise InfeasibleDecision(f"job {jid!r} is {d.action} but holds GPUs")
             continue
-        plan, gpu_type = d.plan, d.gpu_type
+        plan, gpu_type = dd["plan"], dd["gpu_type"]
         if plan is None or gpu_type is None:
             raise InfeasibleDecision(f"job {jid!r} runs without a plan or GPU type")
-        if job.allowed_gpu_types and gpu_type not in job.allowed_gpu_types:
+        jd = job.__dict__
+        allowed = jd["allowed_gpu_types"]
+        if allowed and gpu_type not in allowed:
             raise InfeasibleDecision(f"job {jid!r} placed on disallowed type {gpu_type}")
         count = 0
-        held = {} if job.running is None else job.running.placement
+        running = jd["running"]
+        held = {} if running is None else running.placement
         for nid, gpus in placement.items():
             node = nodes.get(nid)
             if node is None:
@@ -47,16 +54,27 @@ def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
             if node.gpu_type != gpu_type:
                 raise InfeasibleDecision(f"job {jid!r}: node {nid} is {node.gpu_type}, not {gpu_type}")
             num = node.num_gpus
+            taken = used.get(nid)
+            if taken is None:
+                taken = used[nid] = {}
+            count += len(gpus)
+            # most placements are plainly valid: their GPUs checked and recorded by whole lists; the loop
+            # below only names the first GPU at fault
+            if gpus and 0 <= min(gpus) and max(gpus) < num and taken.keys().isdisjoint(gpus):
+                size = len(taken)
+                taken.update(dict.fromkeys(gpus, jid))
+                if len(taken) - size == len(gpus):
+                    continue
+                for g in gpus:  # a GPU twice in the job's own list: none of them was taken before
+                    taken.pop(g, None)
             for g in gpus:
                 if not 0 <= g < num:
                     raise InfeasibleDecision(f"job {jid!r}: GPU {nid}:{g} does not exist")
-                key = (nid, g)
-                other = used.get(key)
+                other = taken.get(g)
                 if other is not None:
                     raise InfeasibleDecision(f"GPU {nid}:{g} given to {other!r} and {jid!r}")
-                used[key] = jid
-            count += len(gpus)
-        if count != d.num_gpus or count != plan.num_gpus:
+                taken[g] = jid
+        if count != dd["num_gpus"] or count != plan.num_gpus:
             raise InfeasibleDecision(f"job {jid!r}: placement holds {count} GPUs, decision says "
                                      f"{d.num_gpus}, plan needs {plan.num_gpus}")
         if len(placement) > 1 and placement != held and \
@@ -69,10 +87,10 @@ def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
             why = plan.tp_group_error([len(g) for g in placement.values()])
             if why:
                 raise InfeasibleDecision(f"job {jid!r}: plan {plan.describe()}: {why}")
-        bad = plan.batch_error(job.batch_size)
+        bad = plan.batch_error(jd["batch_size"])
         if bad is not None:
             raise InfeasibleDecision(f"job {jid!r}: plan.{bad[0]}: {bad[1]}")
-        mem = d.est_mem_per_gpu_gib
+        mem = dd["est_mem_per_gpu_gib"]
         if mem is not None and mem > catalog[gpu_type].memory_gib + 1e-6:
             raise InfeasibleDecision(f"job {jid!r}: {mem:.1f} GiB per GPU exceeds "
                                      f"{catalog[gpu_type].memory_gib} GiB")

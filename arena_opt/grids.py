@@ -131,7 +131,10 @@ class GridCatalog:
         self._workloads: dict[tuple, WorkloadOptions] = {}
         self._by_job: dict[str, tuple] = {}  # job id -> (its workload entry, options by (type, count))
         self._current: dict[str, tuple] = {}  # job id -> (entry, placement, plan, running grid)
-        self._derived: dict[tuple, tuple] = {}  # (job id, what) -> (the workload entry of its options, value)
+        # job id -> (what its workload entry depends on, the entry, its derived views by name): a round asks
+        # for a job's entry several times (options, current grid, requested grid), each a workload key to build
+        # and hash; the job's own fields compared with its last key are cheaper
+        self._jobs: dict[str, tuple] = {}
         self._grids: dict[tuple, tuple] = {}  # (job id, prune) -> (entry, running state, its shape, grids)
         self._ahead: set[tuple] = set()  # workloads whose grid shapes were handed to the planner together
         self._cluster: _Cluster | None = None
@@ -149,7 +152,7 @@ class GridCatalog:
             self._workloads.clear()
             self._by_job.clear()
             self._current.clear()
-            self._derived.clear()
+            self._jobs.clear()
             self._grids.clear()
             self._ahead.clear()
             self._version = v
@@ -265,13 +268,13 @@ class GridCatalog:
         """`compute(options)` of the job (a policy's view of its options, e.g. its grids of one count in
         order), cached as long as the job's options are: `what` names the view."""
         # kept with the workload entry its options come from (a new entry, new options): a round's hit asks
-        # for the entry alone, not for the options too
-        entry = self._entry(job, self.cluster(snapshot), max_gpus_default)
-        key = (job.id, what)
-        hit = self._derived.get(key)
-        if hit is None or hit[0] is not entry:
-            hit = self._derived[key] = (entry, compute(self.options(job, snapshot, max_gpus_default=max_gpus_default)))
-        return hit[1]
+        # for the job's entry alone, not for the options too
+        self._fresh()
+        views = self._job(job, self.cluster(snapshot), max_gpus_default)[2]
+        value = views.get(what, _MISSING)
+        if value is _MISSING:
+            value = views[what] = compute(self.options(job, snapshot, max_gpus_default=max_gpus_default))
+        return value
 
     # ---- internals ---------------------------------------------------------------------------------
     def cluster(self, snapshot: ClusterSnapshot) -> "_Cluster":
@@ -289,7 +292,28 @@ class GridCatalog:
                key: tuple | None = None) -> "WorkloadOptions":
         if not fresh:
             self._fresh()
-        key = _workload(job, cl, max_gpus_default) if key is None else key
+        if key is None:
+            return self._job(job, cl, max_gpus_default)[1]
+        return self._workload_entry(job, cl, max_gpus_default, key)
+
+    def _job(self, job: Job, cl: "_Cluster", max_gpus_default: int) -> tuple:
+        """The job's memo (see `_jobs`), brought up to date with its fields and the cluster's context."""
+        d = job.__dict__
+        model = d["model"]
+        own = (model, d["batch_size"], d["min_gpus"], d["max_gpus"], d["allowed_gpu_types"], max_gpus_default,
+               cl.context)
+        hit = self._jobs.get(d["id"])
+        # an inline architecture is a mutable model that may be edited in place: its key is built every time
+        if hit is not None and type(model) is str and hit[0] == own:
+            return hit
+        entry = self._workload_entry(job, cl, max_gpus_default, _workload(job, cl, max_gpus_default))
+        views = hit[2] if hit is not None and hit[1] is entry else {}
+        allowed = own[4]
+        # a copy of the list: the memo must not change with an edit of the job's own
+        hit = self._jobs[d["id"]] = (own if allowed is None else own[:4] + (list(allowed),) + own[5:], entry, views)
+        return hit
+
+    def _workload_entry(self, job: Job, cl: "_Cluster", max_gpus_default: int, key: tuple) -> "WorkloadOptions":
         entry = self._workloads.get(key)
         if entry is None:
             if key not in self._ahead:
@@ -404,6 +428,9 @@ class GridSummary:
     throughput: np.ndarray
     gpus: np.ndarray
     units: np.ndarray
+
+
+_MISSING = object()
 
 
 def _workload(job: Job, cl: _Cluster, max_gpus_default: int) -> tuple:

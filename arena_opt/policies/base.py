@@ -45,6 +45,7 @@ class GridPolicy(Policy):
         super().__init__(options, estimator)
         self._comm_shares: CommShares | None = None  # plans' link shares, kept across rounds
         self._held = HeldOccupancy()  # the running jobs' occupancy, brought from round to round
+        self._last = LastDecisions()  # last round's job decisions, for those whose inputs stand
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
         """The decision for `snapshot`, node and GPU health applied (arena_opt/health.py): `decide_usable`
@@ -63,7 +64,8 @@ class GridPolicy(Policy):
         slow = None if contention is None else contention.slowdowns()
         t2 = time.perf_counter()
         stats.total_s = t2 - t0
-        d = build_decision(snapshot, self.name, chosen, placements, reasons, stats, slow, self._options_json)
+        d = build_decision(snapshot, self.name, chosen, placements, reasons, stats, slow, self._options_json,
+                           self._last)
         d.stats.phases.update(place=t2 - t1, decision=time.perf_counter() - t2)
         return d
 
@@ -110,25 +112,64 @@ def estimate_band(b) -> EstimateBand | None:
                         caution=b.caution, group=b.group, outside=list(b.outside))
 
 
+class LastDecisions:
+    """A policy's JobDecisions of its last round by job id, each with what it was made from: most jobs of a
+    simulator's or scheduler's round wait for the same reason or keep the same allocation as the round
+    before, and their decision is then last round's object (building one is most of `build_decision`).
+    Sharing them across rounds is safe because nothing edits a JobDecision (the health view and every
+    other caller that changes one copies it), and what one is made from is compared by identity only where
+    the object is never edited either: a Grid is frozen, a running state and a placement are replaced, not
+    changed, when an allocation changes (`PackedPolicy._sorted_placement`)."""
+
+    __slots__ = ("idle", "placed")
+
+    def __init__(self):
+        self.idle: dict[str, tuple] = {}  # job id -> (action, reason, JobDecision)
+        self.placed: dict[str, tuple] = {}  # job id -> (grid, running state, placement, slowdown, JobDecision)
+
+
 def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Grid],
                    placements: dict[str, dict[str, list[int]]], reasons: dict[str, str],
                    stats: SolverStats, slowdowns: dict[str, float] | None = None,
-                   options: dict | None = None) -> Decision:
+                   options: dict | None = None, last: LastDecisions | None = None) -> Decision:
     """`slowdowns`: predicted co-location factor of the placed jobs (absent = 1); None = not modelled.
-    `options`: the policy's options as JSON, recorded in the decision."""
+    `options`: the policy's options as JSON, recorded in the decision. `last`: the caller's decisions of
+    its previous round, reused where their inputs stand, and replaced by this round's."""
     out = []
     unselected = "not selected: higher-value jobs use the capacity"
     idle, reason = JobDecision.idle, reasons.get  # once per job per round: bound here
+    last_idle, last_placed = ({}, {}) if last is None else (last.idle, last.placed)
+    new_idle: dict[str, tuple] = {}
+    new_placed: dict[str, tuple] = {}
     for job in snapshot.jobs:
-        g = chosen.get(job.id)
+        jid = job.id
+        g = chosen.get(jid)
+        running = job.running
         if g is None:  # most jobs of a big round: the short rule, without action_for's arguments
-            out.append(idle(job.id, action_without_grid(job), reason(job.id, unselected)))
+            act = "preempt" if running else "wait"  # action_without_grid
+            why = reason(jid, unselected)
+            hit = last_idle.get(jid)
+            if hit is not None and hit[0] == act and hit[1] == why:
+                jd = hit[2]
+            else:
+                jd = idle(jid, act, why)
+            new_idle[jid] = (act, why, jd)
+            out.append(jd)
             continue
-        pl = placements.get(job.id)
-        act = action_for(job, g, pl)
-        plan = job.running.plan if g.current else g.result.plan
-        slow = None if slowdowns is None else slowdowns.get(job.id, 1.0)
-        out.append(JobDecision.placed(job.id, act, g.shape.gpu_type, g.num_gpus, len(pl), pl, plan,
-                                      g.result.iter_time_s * (slow or 1.0), g.throughput / (slow or 1.0), slow,
-                                      g.result.mem_gib, None if g.result.band is None else estimate_band(g.result.band)))
+        pl = placements.get(jid)
+        slow = None if slowdowns is None else slowdowns.get(jid, 1.0)
+        hit = last_placed.get(jid)
+        # the action, plan and estimates follow from the grid, the running state and the placement
+        if hit is not None and hit[0] is g and hit[1] is running and hit[2] is pl and hit[3] == slow:
+            jd = hit[4]
+        else:
+            act = action_for(job, g, pl)
+            plan = running.plan if g.current else g.result.plan
+            jd = JobDecision.placed(jid, act, g.shape.gpu_type, g.num_gpus, len(pl), pl, plan,
+                                    g.result.iter_time_s * (slow or 1.0), g.throughput / (slow or 1.0), slow,
+                                    g.result.mem_gib, None if g.result.band is None else estimate_band(g.result.band))
+        new_placed[jid] = (g, running, pl, slow, jd)
+        out.append(jd)
+    if last is not None:
+        last.idle, last.placed = new_idle, new_placed
     return Decision(time=snapshot.time, policy=policy, jobs=out, stats=stats, policy_options=options)

@@ -59,7 +59,8 @@ class PackedPolicy(GridPolicy):
         slow = None if occ.contention is None else occ.contention.slowdowns()  # of the final placement
         stats.total_s = time.perf_counter() - t0
         stats.num_grids = len(chosen)
-        return build_decision(snapshot, self.name, chosen, placements, reasons, stats, slow, self._options_json)
+        return build_decision(snapshot, self.name, chosen, placements, reasons, stats, slow, self._options_json,
+                              self._last)
 
     def grid_options(self, job: Job) -> dict[tuple[str, int], Grid]:
         """The job's grids by (GPU type, count) on this round's cluster (`GridCatalog.options`)."""

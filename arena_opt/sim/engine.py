@@ -223,7 +223,7 @@ class Simulator:
                     sj.running_state = RunningState.model_construct(gpu_type=sj.gpu_type, placement=sj.placement,
                                                                     plan=sj.plan, since=sj.since)
             sj.snap_version = sj.version
-            add(_job_now(sj.spec, min(float(sj.total), max(0.0, sj.remaining)),
+            add(_job_now(sj, min(float(sj.total), max(0.0, sj.remaining)),
                          sj.running_state if running else None, rec.gpu_seconds, rec.waited_until(t)))
         # every field given: a default left to model_construct costs an inspect.signature per round
         snap = ClusterSnapshot.model_construct(version=1, time=t, gpu_catalog=self.cluster.gpu_catalog,
@@ -338,13 +338,13 @@ def _job_record(tj: TraceJob) -> JobRecord:
                      requested_num_gpus=tj.num_gpus)
 
 
-def _job_now(spec: Job, remaining: float, running: RunningState | None, attained: float, waited: float) -> Job:
+def _job_now(sj: SimJob, remaining: float, running: RunningState | None, attained: float, waited: float) -> Job:
     """A shallow copy of a job's spec with its live fields set, without validation (`model_copy` does the
     same through slower generic paths; one per active job per round). Only for the simulator's own state,
     which was validated when the trace was loaded."""
-    d = spec.__dict__.copy()
+    d = sj.spec_values.copy()
     d["remaining_iterations"], d["running"], d["attained_service_s"], d["waited_s"] = remaining, running, attained, waited
-    return unvalidated(type(spec), d, spec.__pydantic_fields_set__)
+    return unvalidated(type(sj.spec), d, sj.spec_fields)
 
 
 def _options_dict(opt: SimOptions) -> dict:

@@ -15,7 +15,7 @@ from arena_opt.snapshot import Job, RunningState
 @dataclass(slots=True, eq=False)
 class SimJob:
     index: int
-    spec: Job  # validated once at load; snapshots copy it with the live fields
+    spec: Job  # validated once at load, never replaced; snapshots copy it with the live fields
     total: int
     batch: int
     rec: JobRecord
@@ -33,6 +33,14 @@ class SimJob:
     # the running state object reused while the allocation does not change (see Simulator._tick)
     snap_version: int = -1
     running_state: RunningState | None = None
+    # the spec's field values and given fields, which every round's snapshot of the job copies
+    # (Simulator._tick): read once here instead of through pydantic's instance slots each round
+    spec_values: dict = field(init=False, repr=False)
+    spec_fields: frozenset = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.spec_values = self.spec.__dict__
+        self.spec_fields = frozenset(self.spec.__pydantic_fields_set__)
 
     @property
     def throughput(self) -> float:
