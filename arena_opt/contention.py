@@ -23,7 +23,10 @@ class Contention:
         self.placed: dict[str, JobLoads] = {}
         self.users: dict[str, list[str]] = {}  # resource -> job ids, in placement order
         self._comm: dict[tuple, JobComm] = {}
+        # job id -> its place in placement order: a number never given twice (a count of the jobs
+        # registered would repeat one after a removal, and a tie would leave the order to set iteration)
         self._order: dict[str, int] = {}
+        self._placed_count = 0
 
     def comm(self, job_id: str, grid: Grid) -> JobComm:
         key = (job_id, grid.pool, grid.shape, grid.current)  # a policy may try one job on several grids
@@ -87,7 +90,7 @@ class Contention:
         if not loads:
             return
         self.placed[job_id] = JobLoads(job_id, self.comm(job_id, grid).iter_s, loads)
-        self._order[job_id] = len(self._order)
+        self._queue_last(job_id)
         for r in loads:
             self.users.setdefault(r, []).append(job_id)
 
@@ -106,13 +109,16 @@ class Contention:
         jl = self.placed.get(job_id)
         if jl is None:
             return
-        del self._order[job_id]
-        self._order[job_id] = len(self._order)
+        self._queue_last(job_id)
         self.placed[job_id] = self.placed.pop(job_id)
         for r in jl.loads:
             users = self.users[r]
             users.remove(job_id)
             users.append(job_id)
+
+    def _queue_last(self, job_id: str) -> None:
+        self._order[job_id] = self._placed_count
+        self._placed_count += 1
 
     def slowdowns(self) -> dict[str, float]:
         """Slowdown factor (>= 1) of every registered job that loads a shared link; others run at 1."""

@@ -58,22 +58,14 @@ def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
             if taken is None:
                 taken = used[nid] = {}
             count += len(gpus)
-            # most placements are plainly valid: their GPUs checked and recorded by whole lists; the loop
-            # below only names the first GPU at fault
-            if gpus and 0 <= min(gpus) and max(gpus) < num and taken.keys().isdisjoint(gpus):
-                size = len(taken)
-                taken.update(dict.fromkeys(gpus, jid))
-                if len(taken) - size == len(gpus):
-                    continue
-                for g in gpus:  # a GPU twice in the job's own list: none of them was taken before
-                    taken.pop(g, None)
-            for g in gpus:
-                if not 0 <= g < num:
-                    raise InfeasibleDecision(f"job {jid!r}: GPU {nid}:{g} does not exist")
-                other = taken.get(g)
-                if other is not None:
-                    raise InfeasibleDecision(f"GPU {nid}:{g} given to {other!r} and {jid!r}")
-                taken[g] = jid
+            if gpus:
+                # the rule, checked on whole lists: each GPU exists, is in the list once and is not given
+                # to another job; `_gpu_fault` only names the GPU at fault
+                mine = dict.fromkeys(gpus, jid)
+                if not (0 <= min(gpus) and max(gpus) < num and len(mine) == len(gpus)
+                        and taken.keys().isdisjoint(mine)):
+                    raise InfeasibleDecision(_gpu_fault(jid, nid, gpus, num, taken))
+                taken.update(mine)
         if count != dd["num_gpus"] or count != plan.num_gpus:
             raise InfeasibleDecision(f"job {jid!r}: placement holds {count} GPUs, decision says "
                                      f"{d.num_gpus}, plan needs {plan.num_gpus}")
@@ -96,6 +88,20 @@ def check_decision(snapshot: ClusterSnapshot, decision: Decision) -> None:
                                      f"{catalog[gpu_type].memory_gib} GiB")
     if len(seen) != len(jobs):
         raise InfeasibleDecision(f"no decision for jobs {sorted(set(jobs) - seen)}")
+
+
+def _gpu_fault(job_id: str, nid: str, gpus: list[int], num: int, taken: dict[int, str]) -> str:
+    """What is wrong with a placement's GPU list on node `nid` that `check_decision` rejected: the first GPU
+    that does not exist or was given twice (to another job, or twice in the list)."""
+    given = dict(taken)
+    for g in gpus:
+        if not 0 <= g < num:
+            return f"job {job_id!r}: GPU {nid}:{g} does not exist"
+        other = given.get(g)
+        if other is not None:
+            return f"GPU {nid}:{g} given to {other!r} and {job_id!r}"
+        given[g] = job_id
+    return f"job {job_id!r}: GPUs {gpus} of node {nid} rejected"  # not reached: the rule names each fault
 
 
 def _check_health(job_id: str, node, gpus: list[int], held: list[int]) -> None:

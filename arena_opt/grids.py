@@ -299,18 +299,16 @@ class GridCatalog:
     def _job(self, job: Job, cl: "_Cluster", max_gpus_default: int) -> tuple:
         """The job's memo (see `_jobs`), brought up to date with its fields and the cluster's context."""
         d = job.__dict__
-        model = d["model"]
-        own = (model, d["batch_size"], d["min_gpus"], d["max_gpus"], d["allowed_gpu_types"], max_gpus_default,
-               cl.context)
+        model, allowed = d["model"], d["allowed_gpu_types"]
         hit = self._jobs.get(d["id"])
         # an inline architecture is a mutable model that may be edited in place: its key is built every time
-        if hit is not None and type(model) is str and hit[0] == own:
+        if hit is not None and type(model) is str and hit[0] == _own_key(d, allowed, max_gpus_default, cl.context):
             return hit
         entry = self._workload_entry(job, cl, max_gpus_default, _workload(job, cl, max_gpus_default))
         views = hit[2] if hit is not None and hit[1] is entry else {}
-        allowed = own[4]
-        # a copy of the list: the memo must not change with an edit of the job's own
-        hit = self._jobs[d["id"]] = (own if allowed is None else own[:4] + (list(allowed),) + own[5:], entry, views)
+        # the stored key holds a copy of the list: the memo must not change with an edit of the job's own
+        stored = _own_key(d, None if allowed is None else list(allowed), max_gpus_default, cl.context)
+        hit = self._jobs[d["id"]] = (stored, entry, views)
         return hit
 
     def _workload_entry(self, job: Job, cl: "_Cluster", max_gpus_default: int, key: tuple) -> "WorkloadOptions":
@@ -438,6 +436,11 @@ def _workload(job: Job, cl: _Cluster, max_gpus_default: int) -> tuple:
     model_key = job.model if isinstance(job.model, str) else job.arch
     return (model_key, job.batch_size, job.min_gpus, job.max_gpus, tuple(job.allowed_gpu_types or ()),
             max_gpus_default, cl.context)
+
+
+def _own_key(d: dict, allowed: list[str] | None, max_gpus_default: int, context) -> tuple:
+    """The fields of a job (its `__dict__`) and of the call that its catalogue memo is valid for."""
+    return (d["model"], d["batch_size"], d["min_gpus"], d["max_gpus"], allowed, max_gpus_default, context)
 
 
 def _shapes(job: Job, cl: _Cluster, max_gpus_default: int):

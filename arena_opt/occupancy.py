@@ -175,6 +175,23 @@ class _Pool:
         new.first_of = {}
         return new
 
+    def room(self, nodes: int, per_node: int, given: dict[int, int] | None = None) -> bool:
+        """The one rule of where a shape fits, which `find_shape` places by and `fits_shape` answers by:
+        a multi-node shape needs that many whole free nodes, a sub-node one a node with `per_node` free
+        GPUs; `given`: node position -> GPUs counted as free on top of its own."""
+        count, g = self.count, self.g
+        if nodes > 1:
+            whole = len(self.bucket[g])
+            if given:
+                whole += sum(1 for i, n in given.items() if count[i] < g == count[i] + n)
+            return whole >= nodes
+        if given and any(count[i] + n >= per_node for i, n in given.items()):
+            return True
+        if self.total < per_node:
+            return False
+        bucket = self.bucket
+        return any(bucket[c] for c in range(per_node, g + 1))
+
     def first(self, positions) -> int:
         return min(positions, key=self.stamp.__getitem__)
 
@@ -271,12 +288,9 @@ class Occupancy:
                    node_cost: Callable[[str], float] | None = None,
                    rack_cost: Callable[[str], float] | None = None) -> Placement | None:
         p = self.pool.get(pool_key)
-        if p is None:
+        if p is None or not p.room(nodes, per_node):
             return None
         if nodes > 1:
-            whole = p.bucket[p.g]
-            if len(whole) < nodes:
-                return None
             home = _smallest_rack(p, nodes)
             if home is not None:  # one rack holds them all: no order of the racks needed
                 return {n: self.gpus_free(n)[:per_node] for n in _first_k(p.whole[home], p.ids, nodes, set(prev))}
@@ -285,8 +299,6 @@ class Occupancy:
             by_rack = {r: p.whole[r] for r in sorted(p.whole, key=p.first_stamp)}
             pick = _fewest_racks(by_rack, p.ids, nodes, set(prev), rack_cost)
             return {n: self.gpus_free(n)[:per_node] for n in pick}
-        if p.total < per_node:
-            return None
         where = self.layout.where
         prev_here = [where[n][1] for n in prev if where.get(n, (None,))[0] == pool_key]
         for c in range(per_node, p.g + 1):
@@ -307,9 +319,9 @@ class Occupancy:
 
     def fits(self, grid: Grid, freed: Placement | None = None) -> bool:
         """Whether `find(grid)` would place it, with `freed`'s GPUs counted as free, without placing
-        anything: a policy that only asks is spared a hold and its rollback. The rules of `find` give
-        room exactly when a multi-node grid has enough whole free nodes, a sub-node grid a node with
-        enough free GPUs; a job's previous nodes and the contention only choose among them."""
+        anything: a policy that only asks is spared a hold and its rollback. `find` places exactly where
+        `_Pool.room` says there is room; a job's previous nodes and the contention only choose among
+        the places."""
         return self.fits_shape(grid.pool, grid.shape.nodes, grid.shape.gpus_per_node, freed)
 
     def fits_shape(self, pool_key: tuple, nodes: int, per_node: int, freed: Placement | None = None) -> bool:
@@ -317,13 +329,7 @@ class Occupancy:
         p = self.pool.get(pool_key)
         if p is None:
             return False
-        given = self._given_back(pool_key, freed) if freed else {}
-        if nodes > 1:
-            whole = len(p.bucket[p.g]) + sum(1 for i, n in given.items() if p.count[i] < p.g == p.count[i] + n)
-            return whole >= nodes
-        if any(p.bucket[c] for c in range(per_node, p.g + 1)):
-            return True
-        return any(p.count[i] + n >= per_node for i, n in given.items())
+        return p.room(nodes, per_node, self._given_back(pool_key, freed) if freed else None)
 
     def fits_released(self, grid: Grid, job_id: str) -> bool:
         """`fits(grid)` with the job's own GPUs given back, leaving the state as `release` then

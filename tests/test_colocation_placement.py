@@ -256,3 +256,23 @@ def test_fits_released_leaves_the_contention_as_a_release_and_rollback_would():
     asked.release("x")
     asked.release("y")
     assert asked.no_contention
+
+
+def test_placement_order_gives_no_two_jobs_one_place_after_a_removal():
+    """The contention sums slowdowns in placement order: after a job leaves, the next one registered still
+    goes after every job already there (a count of the registered jobs would give it the place of the
+    last one, and the tie would be broken by set iteration, i.e. by the process's hash seed)."""
+    snap = _racks_snapshot()
+    x, y = _grid(snap, "x", 4, 16), _grid(snap, "y", 4, 16)
+    links = LinkLoads({n.id: n for n in snap.nodes}, rack_map(snap), snap.catalog, EST.params,
+                      ColocationOptions(uplink_oversubscription=4.0))
+    c = Contention(snap, links, CommShares(EST.params))
+    at_x = snap.jobs[0].running.placement
+    occ = Occupancy.of(snap, [("x", at_x, x)], c)
+    occ.take("y", y)
+    assert list(c.placed) == ["x", "y"]
+    c.remove("x")
+    c.add("x", x, at_x)
+    order = _contention_state(c)[2]
+    assert list(c.placed) == ["y", "x"]
+    assert len(set(order.values())) == len(order) and sorted(order, key=order.get) == ["y", "x"]

@@ -146,7 +146,7 @@ def build_decision(snapshot: ClusterSnapshot, policy: str, chosen: dict[str, Gri
         g = chosen.get(jid)
         running = job.running
         if g is None:  # most jobs of a big round: the short rule, without action_for's arguments
-            act = "preempt" if running else "wait"  # action_without_grid
+            act = action_without_grid(job)
             why = reason(jid, unselected)
             hit = last_idle.get(jid)
             if hit is not None and hit[0] == act and hit[1] == why:
