@@ -158,6 +158,25 @@ def test_cli_bench_writes_table_and_plots(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
 
 
+@pytest.mark.parametrize("cores, flag, want", [({0, 1, 2}, [], 2), ({5}, [], 1), ({0, 1, 2}, ["--parallel", "1"], 1),
+                                              (set(range(16)), ["--policies", "all"], 6)])
+def test_cli_bench_runs_one_policy_per_core_by_default(tmp_path, monkeypatch, cores, flag, want):
+    import arena_opt.sim.bench as bench
+
+    seen = {}
+
+    def fake_run_bench(base, policies, out_dir, *, parallel, **kw):
+        seen["parallel"] = parallel
+        return [], {"failed": {}, "plan_warmup_s": 0.0}
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: cores)
+    argv = ["bench", "--trace", str(SMALL_TRACE), "--cluster", str(SMALL_CLUSTER), "--policies", "fcfs,gavel",
+            "-o", str(tmp_path), "--quiet", *flag]
+    assert main(argv) == 0
+    assert seen["parallel"] == want
+
+
 def test_cli_gen_trace(tmp_path, capsys):
     out = tmp_path / "g.jsonl"
     assert main(["gen-trace", "--cluster", "a100:2x4", "--jobs", "12", "--seed", "1", "-o", str(out),
