@@ -67,6 +67,8 @@ BENCHES = (
     Bench("band.json", ("python bench/band.py",), 80),
     Bench("estimator.json", ("python bench/estimator.py",), 60, writes=("calibrated_params.json",)),
     Bench("proxy_quality.json", ("python bench/proxy_quality.py",), 30, after=("estimator.json",)),
+    # the estimator's folds with the held-out type's efficiency from its single-GPU rows (a one-device profile)
+    Bench("estimator_profiled.json", ("python bench/estimator_profiled.py",), 10, after=("estimator.json",)),
     Bench("stage_shapes.json", ("python bench/stage_shapes.py",), 300, after=("estimator.json",)),
     Bench("jct_bound.json", ("python bench/jct_bound.py",), 20),
     Bench("bound-tiny.json", ("python bench/bound.py --parts tiny --name bound-tiny",), 30),
