@@ -75,7 +75,7 @@ def test_sigterm_of_simulate_keeps_the_previous_result(tmp_path, long_trace):
 def test_interrupted_bench_keeps_finished_policies_and_marks_the_rest(tmp_path, trace):
     out = tmp_path / "bench"
     p = _cli("bench", "--trace", str(trace), "--cluster", "a100:4x8", "--policies", "fcfs,arena", "-o", str(out),
-             "--quiet")
+             "--quiet", "--parallel", "1")  # one after another: arena waits while fcfs runs
     seen: set[int] = set()
     deadline = time.time() + 120
     while time.time() < deadline and not (out / "fcfs.json").exists():
