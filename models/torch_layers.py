@@ -38,6 +38,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from models.catalog import Arch
 from models.layers import layer_table
@@ -331,8 +332,11 @@ class LayerStack(nn.Module):
     holds them: checkpoints move between pipeline splits by name."""
 
     def __init__(self, arch: Arch, first: int = 0, last: int | None = None, tp_degree: int = 1,
-                 seed: int | None = 0) -> None:
+                 seed: int | None = 0, recompute: bool = False) -> None:
         super().__init__()
+        # a plan's rematerialisation (Plan.recompute): the planner chooses it where the plan's activations
+        # do not fit otherwise, so a runner that ignored it would run out of memory on the GPUs it priced
+        self.recompute = recompute
         n = len(layer_kinds(arch))
         last = n if last is None else last
         if not 0 <= first < last <= n:
@@ -341,8 +345,11 @@ class LayerStack(nn.Module):
         self.layers = nn.ModuleDict({str(i): build_layer(arch, i, tp_degree, seed) for i in range(first, last)})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        remat = self.recompute and torch.is_grad_enabled()
         for layer in self.layers.values():
-            x = layer(x)
+            # only each layer's input is kept for backward, which runs the layer's forward again (the
+            # non-reentrant form: it composes with FSDP2's hooks, DTensor and the pipeline schedule)
+            x = checkpoint(layer, x, use_reentrant=False) if remat else layer(x)
         return x
 
 
@@ -351,6 +358,19 @@ def build_layers(arch: Arch, tp_degree: int = 1, seed: int | None = 0) -> LayerS
 
 
 # ---------------------------------------------------------------------------- data
+
+
+def training_autocast(device: torch.device | str):
+    """The precision a training step runs at, in the runners and in the profiler alike (a profile taken at
+    another precision than the steps it prices is off by the ratio of the two): bf16 autocast on GPUs, as the
+    estimator's fp16/bf16 cost model prices them; fp32 on CPUs, which have no fast low-precision kernels."""
+    kind = torch.device(device).type
+    return torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda")
+
+
+def training_dtype(device: torch.device | str) -> str:
+    """The name of `training_autocast`'s precision on this device (ModelProfile.dtype)."""
+    return "bf16" if torch.device(device).type == "cuda" else "fp32"
 
 
 def synthetic_batch(arch: Arch, step: int, batch: int, seed: int = 0,

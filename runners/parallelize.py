@@ -19,7 +19,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from arena_opt.plan import Plan
 from models.catalog import Arch
-from models.torch_layers import MLP, Embedding, Head, LayerStack, TransformerBlock, layer_kinds, loss_fn
+from models.torch_layers import (MLP, Embedding, Head, LayerStack, TransformerBlock, layer_kinds, loss_fn,
+                                 training_autocast)
 from arena_opt.stages import PlanError, check_plan
 
 
@@ -92,8 +93,7 @@ class ParallelModel:
         """Forward + backward of one global batch (gradients synchronised over dp);
         returns this dp shard's mean loss on last-stage ranks, None elsewhere."""
         xl, yl = self.local_batch(x, y)
-        # bf16 autocast on GPUs, as the estimator's fp16/bf16 cost model assumes; fp32 on CPU
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+        with training_autocast(self.device):
             return self.step_fn(xl, yl)
 
 
@@ -107,7 +107,7 @@ def parallelize(arch: Arch, plan: Plan, device: torch.device, dp_mode: str = "dd
     first, last = stages[pp_rank]
     # built on the device with weights that depend only on (seed, layer index): every plan starts equal
     with torch.device(device):
-        stack = LayerStack(arch, first, last, seed=seed)
+        stack = LayerStack(arch, first, last, seed=seed, recompute=plan.recompute)
     if plan.tp > 1:
         _tensor_parallel(stack, mesh["tp"])
     module: nn.Module = stack
@@ -187,7 +187,7 @@ def _parallelize_shaped(arch: Arch, plan: Plan, stages: list[tuple[int, int]], d
     groups = build_groups(layout)
     first, last = stages[groups.stage]
     with torch.device(device):
-        stack = LayerStack(arch, first, last, seed=seed)
+        stack = LayerStack(arch, first, last, seed=seed, recompute=plan.recompute)
     dp, tp = plan.shapes[groups.stage]
     tp_mesh = DeviceMesh.from_group(groups.tp_group, device.type)
     if tp > 1:

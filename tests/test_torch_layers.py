@@ -138,3 +138,35 @@ def test_scaled_arch_keeps_structure(name):
         assert (s.kv_heads is None) == (arch.kv_heads is None or arch.kv_heads == arch.heads)
         assert set(layer_table(s).kinds) == set(layer_table(arch).kinds)
     assert param_count(s) < 2e6
+
+
+def _saved_bytes_and_grads(arch, recompute: bool):
+    """Bytes autograd keeps for backward over one forward, then the loss and every gradient."""
+    stack = build_layers(arch, seed=0)
+    stack.recompute = recompute
+    x, y = synthetic_batch(arch, 0, 4)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(stack(x), y)
+    kept = sum(saved)  # what the forward left for backward (recomputation's own saves come later)
+    loss.backward()
+    return kept, float(loss.detach()), {n: p.grad.clone() for n, p in stack.named_parameters()}
+
+
+@pytest.mark.parametrize("name", FAMILY_REPS)
+def test_recompute_keeps_less_for_backward_and_gives_the_same_gradients(name):
+    """Plan.recompute: the stack keeps only layer inputs for backward (less than the plain forward keeps)
+    and trains exactly as without it."""
+    arch = scaled_arch(get_arch(name))
+    plain_bytes, plain_loss, plain = _saved_bytes_and_grads(arch, False)
+    remat_bytes, remat_loss, remat = _saved_bytes_and_grads(arch, True)
+    assert remat_bytes < plain_bytes
+    assert remat_loss == plain_loss
+    assert plain.keys() == remat.keys()
+    for n, g in plain.items():
+        torch.testing.assert_close(remat[n], g, msg=lambda m: f"{n}: {m}")

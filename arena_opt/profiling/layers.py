@@ -103,6 +103,8 @@ def _saved_bytes(layer, x) -> tuple[object, int]:
     """Forward once, counting the distinct storages autograd saves that are not parameters."""
     import torch
 
+    from models.torch_layers import training_autocast
+
     params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
     seen: dict[int, int] = {}
 
@@ -115,7 +117,7 @@ def _saved_bytes(layer, x) -> tuple[object, int]:
             pass
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), training_autocast(x.device):
         out = layer(x)
     return out, sum(seen.values())
 
@@ -213,7 +215,7 @@ def measure_layer(arch: Arch, index: int, tp: int, b: int, shape, integer: bool,
     `probe`, timed before every repeat, also the median probe time (the speed the sample ran at)."""
     import torch
 
-    from models.torch_layers import build_layer, loss_fn
+    from models.torch_layers import build_layer, loss_fn, training_autocast
 
     shard = build_layer(arch, index, tp, seed=0).to(device)
     x = _make_input(shape, integer, b, arch, device)
@@ -232,13 +234,15 @@ def measure_layer(arch: Arch, index: int, tp: int, b: int, shape, integer: bool,
             layer.set_requires_gradient_sync(sync)
         _sync(device)
         t0 = clock()
-        y = layer(xi)
+        with training_autocast(device):  # the runners' precision: bf16 on GPUs
+            y = layer(xi)
         _sync(device)
         f = clock() - t0
         if loss:  # labels untimed, the loss timed as part of forward
             labels = _labels(arch, y, gen)
             t0 = clock()
-            y = loss_fn(y, labels)
+            with training_autocast(device):
+                y = loss_fn(y, labels)
             _sync(device)
             f += clock() - t0
         grad = None if loss else torch.ones_like(y)
@@ -281,7 +285,7 @@ def measure_stack(arch: Arch, b: int, device, warmup: int, repeats: int, clock=t
     where the model cannot run at that size (training-mode batch norm over one value per channel)."""
     import torch
 
-    from models.torch_layers import LayerStack, loss_fn, synthetic_batch
+    from models.torch_layers import LayerStack, loss_fn, synthetic_batch, training_autocast
 
     stack = LayerStack(arch, seed=0).to(device)
     times, probes = [], []
@@ -292,7 +296,9 @@ def measure_stack(arch: Arch, b: int, device, warmup: int, repeats: int, clock=t
         _sync(device)
         t0 = clock()
         try:
-            loss_fn(stack(x), y).backward()
+            with training_autocast(device):
+                out = loss_fn(stack(x), y)
+            out.backward()
         except ValueError:
             return None
         _sync(device)
@@ -357,6 +363,8 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
     whole model costs about as much to time again as all its layers."""
     import torch
 
+    from models.torch_layers import training_dtype
+
     dev = torch.device(device)
     clock = clock or ("thread" if dev.type == "cpu" else "wall")
     if clock == "thread" and (dev.type != "cpu" or (threads or torch.get_num_threads()) != 1):
@@ -420,7 +428,7 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
                 name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
         except OSError:
             pass
-    return ModelProfile(model=arch.name, arch=arch, device=dev.type, device_name=name, dtype="fp32",
+    return ModelProfile(model=arch.name, arch=arch, device=dev.type, device_name=name, dtype=training_dtype(dev),
                         threads=torch.get_num_threads() if dev.type == "cpu" else 1, torch=torch.__version__,
                         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), clock=clock, warmup=warmup,
                         repeats=repeats, optim_call_s=call_s, probe_s=ref_s, layers=layers, stack=stack)
