@@ -22,7 +22,9 @@ Per model (catalog size; `--scaled`: the CPU test's scaled-down one):
    and without rematerialisation) is priced three ways: the analytical model at the device's catalog entry
    (the shared efficiency where the calibration never saw the type), the profile composed
    (`perf/profile_costs.plan_time`), and measured: the runners' own training step (`profiling/measure.py`,
-   one process; a plan that runs out of memory is reported, not dropped silently);
+   one process; a plan that runs out of memory is reported, not dropped silently).
+   On GPUs each plan's peak allocated memory is set against the planner's memory model (what decides
+   which plans fit).
 3. the device's parameters are fitted on the measured plans: its compute efficiency, each family's
    saturation (the micro-batch size at which layers run at half rate: what the micro-batch count trades)
    and the share of a forward that rematerialisation costs. On one GPU the per-slot cost moves with the
@@ -258,8 +260,11 @@ def main(argv: list[str] | None = None) -> int:
             failed.append({**row, "error": r["error"]})
             log(f"  {case.arch.name} {case.plan.describe()}: did not run: {r['error']}")
             continue
+        peak = r.get("peak_mem_bytes")  # on GPUs: the allocator's peak, without CUDA's context (the reserve)
         row.update(measured_s=r["iter_s"], times=r["times"], rel_err=est_s / r["iter_s"] - 1.0,
-                   rel_err_profile=row["profile_s"] / r["iter_s"] - 1.0)
+                   rel_err_profile=row["profile_s"] / r["iter_s"] - 1.0,
+                   measured_peak_gib=peak / GIB if peak else None,
+                   mem_rel_err=(mem_gib - params.mem_reserve_gib) * GIB / peak - 1.0 if peak else None)
         rows.append(row)
         log(f"  {case.arch.name} {case.plan.describe():18s} measured {r['iter_s']:.4f} s, analytical "
             f"{est_s:.4f} s ({fmt_pct(row['rel_err'])}), profile {row['profile_s']:.4f} s "
@@ -305,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                           "profile": err_stats([r["rel_err_profile"] for r in rows]),
                           "fitted": err_stats([r["rel_err_fitted"] for r in rows]),
                           "held_out": {n: err_stats(v["rel_err"]) for n, v in held_out.items()},
-                          "layers": err_stats([r["rel_err"] for r in layer_out])},
+                          "layers": err_stats([r["rel_err"] for r in layer_out]),
+                          "memory": err_stats([r["mem_rel_err"] for r in rows if r["mem_rel_err"] is not None])},
                "held_out": held_out, "knobs": knobs, "rows": rows, "failed": failed, "layers": layer_out}
     jp, mp = write(args.out, "device_check", payload, render(payload), written=[params_path])
     print(render(payload))
@@ -351,10 +357,15 @@ def render(p: dict) -> str:
                         fmt_pct(s.get("median_signed"))] for n, s in e["held_out"].items()]),
            "\n## Every plan\n",
            md_table(["model", "plan", "measured s", "analytical s", "err", "profile s", "err", "fitted err",
-                     "model GiB"],
+                     "model GiB", "measured peak GiB", "memory err"],
                     [[r["arch"], r["describe"], f"{r['measured_s']:.4f}", f"{r['analytical_s']:.4f}",
                       fmt_pct(r["rel_err"]), f"{r['profile_s']:.4f}", fmt_pct(r["rel_err_profile"]),
-                      fmt_pct(r["rel_err_fitted"]), f"{r['analytical_mem_gib']:.1f}"] for r in p["rows"]]),
+                      fmt_pct(r["rel_err_fitted"]), f"{r['analytical_mem_gib']:.1f}",
+                      "-" if r["measured_peak_gib"] is None else f"{r['measured_peak_gib']:.1f}",
+                      fmt_pct(r["mem_rel_err"])] for r in p["rows"]]),
+           "\nModel GiB includes the reserve for CUDA's context and allocator slack "
+           "(`CostParams.mem_reserve_gib`); the memory error sets the model without it against the allocator's "
+           "peak (`torch.cuda.max_memory_allocated`; not measured on CPUs).\n",
            "\n## The knobs: each plan against its model's plain plan (fewest micro-batches, no recomputation)\n",
            md_table(["model", "plan", "against", "measured", "analytical"],
                     [[k["model"], k["plan"], k["against"], f"x{k['measured_ratio']:.3f}", f"x{k['analytical_ratio']:.3f}"]

@@ -170,3 +170,30 @@ def test_recompute_keeps_less_for_backward_and_gives_the_same_gradients(name):
     assert plain.keys() == remat.keys()
     for n, g in plain.items():
         torch.testing.assert_close(remat[n], g, msg=lambda m: f"{n}: {m}")
+
+
+def test_profiler_times_layers_at_the_runners_precision(monkeypatch):
+    """A profile taken at another precision than the training steps it prices is off by the ratio of the
+    two: the profiler enters the runners' `training_autocast` around every timed forward, and records its
+    precision; on GPUs that is bf16."""
+    import models.torch_layers as tl
+    import runners.parallelize as par
+    from arena_opt.profiling.layers import profile_model
+
+    assert par.training_autocast is tl.training_autocast  # the runners' step uses the same helper
+    ctx = tl.training_autocast("cuda")
+    assert ctx.fast_dtype == torch.bfloat16 and tl.training_dtype("cuda") == "bf16"
+    assert tl.training_dtype("cpu") == "fp32"
+    seen = []
+    real = tl.training_autocast
+
+    def spy(device):
+        seen.append(torch.device(device).type)
+        return real(device)
+
+    monkeypatch.setattr(tl, "training_autocast", spy)
+    prof = profile_model(scaled_arch(get_arch("gpt-350M")), micro_batches=(1,), tp_degrees=(1,), dp_degrees=(),
+                         repeats=1, warmup=0, speed_probe=False, progress=None)
+    timed_passes = sum(len(lp.samples) for lp in prof.layers) * 2  # every sample: its saved-bytes pass, a repeat
+    assert len(seen) >= timed_passes and set(seen) == {"cpu"}
+    assert prof.dtype == "fp32"

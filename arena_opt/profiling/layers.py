@@ -390,7 +390,8 @@ def profile_model(arch: Arch, *, device: str = "cpu", micro_batches: tuple[int, 
             total = len(todo) * len(micro_batches)
         for kind, idx, tp, dp in todo:
             shape, integer = shapes[idx[0]]
-            mesh = meshes.get(dev.type, dp, tp) if meshes is not None else None
+            # a plain sample (tp = dp = 1) runs the hand-built layer: no mesh to build for it
+            mesh = meshes.get(dev.type, dp, tp) if meshes is not None and tp * dp > 1 else None
             if dp > 1 and mesh is None:
                 continue
             for b in micro_batches:

@@ -163,8 +163,11 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world, timeout=timedelta(seconds=coll_timeout_s))
+    # on GPUs the step's collectives take NCCL and the harness's own reductions (times, CPU seconds: CPU
+    # tensors, which NCCL refuses) take gloo, one process group with both
+    dist.init_process_group("cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=coll_timeout_s))
     probe = SpeedProbe(str(dev))
     results = []
     for case in json.loads(cases_json):
@@ -173,6 +176,8 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
         opt = torch.optim.AdamW(pm.module.parameters(), lr=1e-4)
         times, probes, step_cpu, step_main, step_wait = [], [], [], [], []
         busy0 = cpu0 = wall0 = stamp0 = None
+        if dev.type == "cuda":  # the case's own peak: what the planner's memory model predicts
+            torch.cuda.reset_peak_memory_stats(dev)
         for step in range(warmup + steps):
             x, y = synthetic_batch(arch, step, batch)
             if step >= warmup:  # the host's speed beside this step, outside the timed window
@@ -210,12 +215,18 @@ def _worker(rank: int, world: int, port: int, cases_json: str, steps: int, warmu
         speed = torch.tensor([statistics.median(probes)], dtype=torch.float64)
         dist.all_reduce(speed)
         busy1, wall = host_busy_core_seconds(), time.perf_counter() - wall0
+        peak = None
+        if dev.type == "cuda":  # the largest rank's (CPU ranks share one process-wide heap: not per plan)
+            peak_t = torch.tensor([torch.cuda.max_memory_allocated(dev)], dtype=torch.float64)
+            dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
+            peak = int(peak_t.item())
         ambient = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0 - float(ours)) / wall)
         results.append({"plan": plan.model_dump(), "model": arch.name, "batch": batch, "times": times,
                         "iter_s": statistics.median(times), "own_cpu_s": float(ours),
                         "step_cpu_s": step_cpu, "step_main_cpu_s": step_main,
                         "step_wait_s": step_wait, "wall_s": wall,
                         "ambient_cores": ambient, "probe_s": float(speed) / world, "window": [stamp0, stamp1],
+                        "peak_mem_bytes": peak,
                         "rank0_cores": sorted(os.sched_getaffinity(0))})
         del pm, opt
         dist.barrier()
