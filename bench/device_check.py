@@ -31,7 +31,9 @@ Per model (catalog size; `--scaled`: the CPU test's scaled-down one):
    micro-batch count exactly as saturation does, so it is kept at its calibrated value, not fitted. In
    sample and leave-one-model-out (fitted on the other model's plans only).
 The analytical model prices the runners' runtime here, not Arena's: every family at bf16 (Arena's Wide-ResNet
-ran fp32) and MoE experts dispatched by index (no GShard einsum). Writes device_check.json, device_check.md
+ran fp32), MoE experts dispatched by index (no GShard einsum) and fused attention, which keeps no score
+matrix for backward (the catalog's transformers keep Alpa's: on the CPU the runners' gpt-350M keeps 1.5 GiB
+for backward at one sample, the catalog's model 6.1 GiB, the fused-attention model 1.7 GiB). Writes device_check.json, device_check.md
 and device_params.json (the committed parameters with the device's efficiency and knob prices: a CostParams).
 """
 
@@ -84,6 +86,12 @@ def device_gpu_type(device_name: str) -> str | None:
     if len(hits) > 1:  # "a10" is in every A100's name: the entry whose memory the name gives too
         hits = [g for g in hits if g.partition("-")[2] and g.partition("-")[2] in n] or hits
     return hits[0] if len(hits) == 1 else None
+
+
+def runner_arch(arch: Arch) -> Arch:
+    """The architecture as the runners run it: their attention is torch's fused scaled-dot-product kernel,
+    which keeps no s x s score matrix for backward (the catalog's transformers keep Alpa's, as Arena ran them)."""
+    return arch if arch.family == "wide_resnet" else arch.model_copy(update={"flash_attention": True})
 
 
 def runner_params(base: CostParams) -> CostParams:
@@ -236,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                                               dp_degrees=(), repeats=args.repeats, warmup=2,
                                               threads=1 if args.device == "cpu" else None, progress=None)
         profile_s[name] = time.perf_counter() - t0
-        layer_out += layer_rows(prof, arch, gpu, gpu_type, params)
+        layer_out += layer_rows(prof, runner_arch(arch), gpu, gpu_type, params)
         log(f"{arch.name}: {len(prof.layers)} distinct layers profiled in {profile_s[name]:.0f} s")
 
     cases = [Case(archs[n], p, args.batch) for n in archs for p in plans]
@@ -250,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     rows, failed, coef = [], [], {}
     for i, (case, r) in enumerate(zip(cases, measured)):
         name = next(n for n, a in archs.items() if a is case.arch)
-        est_s, mem_gib = analytical_plan(case.arch, gpu, gpu_type, params, args.batch, case.plan)
-        coef[i] = plan_row_coefficients(case.arch, gpu, params, args.batch, case.plan)
+        priced = runner_arch(case.arch)
+        est_s, mem_gib = analytical_plan(priced, gpu, gpu_type, params, args.batch, case.plan)
+        coef[i] = plan_row_coefficients(priced, gpu, params, args.batch, case.plan)
         row = {"index": i, "model": name, "arch": case.arch.name, "plan": case.plan.model_dump(),
                "describe": case.plan.describe(), "analytical_s": est_s, "analytical_mem_gib": mem_gib,
                "fits_in_model": mem_gib <= gpu.memory_gib,

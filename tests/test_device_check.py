@@ -105,3 +105,23 @@ def test_cpu_run_measures_every_plan_and_writes_loadable_parameters(tmp_path):
     params = CostParams.model_validate_json((out / "device_params.json").read_text())
     assert params.compute_eff["a10"] == pytest.approx(res["fitted"]["compute_eff"])
     assert (out / "device_check.md").read_text().rstrip().endswith("freshness: tests/test_bench_fresh.py.")
+
+
+@pytest.mark.parametrize("model", ["gpt-350M", "bert-760M", "moe-690M", "llama-7B"])
+def test_runner_semantics_price_what_the_runner_keeps_for_backward(model):
+    """The device check prices the runners' fused attention: its activation model then stays at or above
+    what the runners' stack keeps for backward (no plan it calls feasible runs out of memory on that
+    account) and within 2x of it, where the catalog's stored score matrices are far above it at full length."""
+    torch = pytest.importorskip("torch")
+    from arena_opt.perf.analytical import cost_table, micro_batch
+    from arena_opt.profiling.layers import _saved_bytes
+    from models.torch_layers import LayerStack, scaled_arch, synthetic_batch
+
+    arch = scaled_arch(get_arch(model))
+    assert dc.runner_arch(arch).flash_attention and not dc.runner_arch(get_arch("wide_resnet-1B")).flash_attention
+    params = CostParams(dtype_by_family={})
+    torch.manual_seed(0)
+    for b in (1, 4):
+        _, kept = _saved_bytes(LayerStack(arch, seed=0), synthetic_batch(arch, 0, b)[0])
+        modelled = 2 * micro_batch(cost_table(dc.runner_arch(arch), params), b, 1).full_act.sum()  # fp32 on CPUs
+        assert kept <= modelled <= 2 * kept, (b, kept, modelled)
