@@ -33,8 +33,10 @@ Per model (catalog size; `--scaled`: the CPU test's scaled-down one):
 The analytical model prices the runners' runtime here, not Arena's: every family at bf16 (Arena's Wide-ResNet
 ran fp32), MoE experts dispatched by index (no GShard einsum) and fused attention, which keeps no score
 matrix for backward (the catalog's transformers keep Alpa's: on the CPU the runners' gpt-350M keeps 1.5 GiB
-for backward at one sample, the catalog's model 6.1 GiB, the fused-attention model 1.7 GiB). Writes device_check.json, device_check.md
-and device_params.json (the committed parameters with the device's efficiency and knob prices: a CostParams).
+for backward at one sample, the catalog's model 6.1 GiB, the fused-attention model 2.4 GiB).
+
+Writes device_check.json, device_check.md and device_params.json (the committed parameters with the
+device's efficiency and knob prices: a CostParams).
 """
 
 from __future__ import annotations
