@@ -35,8 +35,9 @@ ran fp32), MoE experts dispatched by index (no GShard einsum) and fused attentio
 matrix for backward (the catalog's transformers keep Alpa's: on the CPU the runners' gpt-350M keeps 1.5 GiB
 for backward at one sample, the catalog's model 6.1 GiB, the fused-attention model 2.4 GiB).
 
-Writes device_check.json, device_check.md and device_params.json (the committed parameters with the
-device's efficiency and knob prices: a CostParams).
+Writes device_check.json, device_check.md and device_params.json: the committed parameters with the device's
+fitted efficiency added (a CostParams the planner can price with). The fitted knob prices stay in the JSON
+only: the committed ones are Arena's runtime's, which the planner keeps.
 """
 
 from __future__ import annotations
@@ -293,12 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         test = [r for r in rows if r["model"] == name]
         if not train or not test:
             continue
+        # a family no training row has keeps the committed saturation (fit_device fits only the rows' families)
         fold = fit_device(train, coef, archs, gpu_type, params)
-        if archs[name].family not in {archs[r["model"]].family for r in train}:
-            # a family no training row has keeps the committed saturation, as an unseen type keeps the shared
-            # efficiency
-            fold = fold.model_copy(update={"saturation_samples": {**fold.saturation_samples, archs[name].family:
-                                                                   params.saturation_samples.get(archs[name].family, 0.0)}})
         held_out[name] = {"compute_eff": fold.eff(gpu_type), "rel_err": [
             t / r["measured_s"] - 1.0 for r, t in zip(test, predict_rows(test, coef, archs, gpu_type, fold))]}
 
