@@ -35,9 +35,10 @@ ran fp32), MoE experts dispatched by index (no GShard einsum) and fused attentio
 matrix for backward (the catalog's transformers keep Alpa's: on the CPU the runners' gpt-350M keeps 1.5 GiB
 for backward at one sample, the catalog's model 6.1 GiB, the fused-attention model 2.4 GiB).
 
-Writes device_check.json, device_check.md and device_params.json: the committed parameters with the device's
-fitted efficiency added (a CostParams the planner can price with). The fitted knob prices stay in the JSON
-only: the committed ones are Arena's runtime's, which the planner keeps.
+Writes device_check.json, device_check.md and device_params.json: the fitted parameters whole (a CostParams:
+the committed ones in the runners' settings above, with the device's efficiency, saturations and recompute
+share as fitted together; the efficiency alone would not carry over to the committed set, whose Wide-ResNet
+runs in fp32 and whose knob prices are Arena's runtime's).
 """
 
 from __future__ import annotations
@@ -299,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         held_out[name] = {"compute_eff": fold.eff(gpu_type), "rel_err": [
             t / r["measured_s"] - 1.0 for r, t in zip(test, predict_rows(test, coef, archs, gpu_type, fold))]}
 
-    device_params = committed.model_copy(update={
-        "compute_eff": {**committed.compute_eff, gpu_type: fitted.eff(gpu_type)}})
+    # the fitted set whole: its efficiency was fitted together with its knob prices, in the runners' settings
+    device_params = fitted
     params_path = args.out / "device_params.json"
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write(params_path, device_params.model_dump_json(indent=1) + "\n")

@@ -33,12 +33,13 @@ at full size.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from models.catalog import Arch
 from models.layers import layer_table
@@ -349,8 +350,30 @@ class LayerStack(nn.Module):
         for layer in self.layers.values():
             # only each layer's input is kept for backward, which runs the layer's forward again (the
             # non-reentrant form: it composes with FSDP2's hooks, DTensor and the pipeline schedule)
-            x = checkpoint(layer, x, use_reentrant=False) if remat else layer(x)
+            x = checkpoint(layer, x, use_reentrant=False, context_fn=_recompute_contexts(layer)) if remat else layer(x)
         return x
+
+
+def _recompute_contexts(layer: nn.Module):
+    """checkpoint's (forward, recomputation) contexts for `layer`: the recomputed forward runs in training mode, so
+    batch norm would fold its batch into the running statistics a second time; the recomputation puts them back
+    as the forward left them (a rematerialising plan's state is then the plain plan's, checkpoints included)."""
+    norms = [m for m in layer.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return noop_context_fn
+    return lambda: (contextlib.nullcontext(), _restored_buffers(norms))
+
+
+@contextlib.contextmanager
+def _restored_buffers(modules: list[nn.Module]):
+    kept = [(m, {k: v.clone() for k, v in m.named_buffers(recurse=False) if v is not None}) for m in modules]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, bufs in kept:
+                for k, v in bufs.items():
+                    getattr(m, k).copy_(v)
 
 
 def build_layers(arch: Arch, tp_degree: int = 1, seed: int | None = 0) -> LayerStack:

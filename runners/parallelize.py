@@ -211,8 +211,13 @@ def _stage_examples(arch: Arch, layers: tuple[int, int], x: torch.Tensor, nm: in
     # activations carry gradients back across the stage boundary: the examples say so
     inp = (torch.zeros((mb, *x.shape[1:]), dtype=x.dtype, device=device) if first == 0
            else torch.zeros(hidden, device=device, requires_grad=True))
-    out_shape = (mb, arch.seq_len, arch.vocab) if last == len(layer_kinds(arch)) else hidden
-    return {"input_args": inp, "output_args": torch.zeros(out_shape, device=device, requires_grad=True)}
+    if last == len(layer_kinds(arch)):  # the head's logits: a matrix product's output, in autocast's precision
+        with training_autocast(device):
+            dtype = (torch.ones(1, 1, device=device) @ torch.ones(1, 1, device=device)).dtype
+        out = torch.zeros((mb, arch.seq_len, arch.vocab), dtype=dtype, device=device, requires_grad=True)
+    else:  # the residual stream stays fp32 under autocast
+        out = torch.zeros(hidden, device=device, requires_grad=True)
+    return {"input_args": inp, "output_args": out}
 
 
 def _own_storage(module: nn.Module, args, output):

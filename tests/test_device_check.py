@@ -104,6 +104,9 @@ def test_cpu_run_measures_every_plan_and_writes_loadable_parameters(tmp_path):
     assert res["layers"] and all(r["profiled_s"] > 0 for r in res["layers"])
     params = CostParams.model_validate_json((out / "device_params.json").read_text())
     assert params.compute_eff["a10"] == pytest.approx(res["fitted"]["compute_eff"])
+    assert params.recompute_cost == pytest.approx(res["fitted"]["recompute_cost"])
+    # the set as it was fitted: the runners' settings, not Arena's (fp32 Wide-ResNet, GShard MoE)
+    assert params.dtype_by_family == {} and params.moe_einsum_group is None
     assert (out / "device_check.md").read_text().rstrip().endswith("freshness: tests/test_bench_fresh.py.")
 
 

@@ -102,3 +102,21 @@ def test_profile_command_times_the_whole_stack_when_asked(tmp_path):
     assert main(["profile", "--model", "gpt-350M", "--batch", "1,2", "--tp", "1", "--repeats", "1", "--warmup", "0",
                  "--max-layers", "1", "--whole-stack", "--quiet", "--out", str(out)]) == 0
     assert [s.micro_batch for s in pdb.load(out).models[0].stack] == [1, 2]
+
+
+def test_saved_bytes_leave_out_autocasts_weight_copies(monkeypatch):
+    """Under autocast (bf16 on GPUs; here CPU's bf16 autocast stands in) each weight's low-precision copy is
+    saved for backward: cast once per step and cached, it is no activation of the micro-batch, and a profile
+    that counted it would price 2 bytes per parameter into every micro-batch in flight."""
+    import torch
+
+    import models.torch_layers as tl
+    from arena_opt.profiling.layers import _saved_bytes
+
+    monkeypatch.setattr(tl, "training_autocast", lambda device: torch.autocast("cpu", dtype=torch.bfloat16))
+    layer = torch.nn.Linear(256, 256)
+    x = torch.randn(2, 256, requires_grad=True)
+    out, kept = _saved_bytes(layer, x)
+    assert out.dtype == torch.bfloat16  # autocast did run
+    weight_copy = 256 * 256 * 2
+    assert 0 < kept < weight_copy / 8  # the bf16 input only (1 KiB), not the 128 KiB weight copy

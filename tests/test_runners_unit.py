@@ -243,6 +243,28 @@ def test_pipeline_stages_get_example_tensors_instead_of_shape_inference():
     assert _stage_examples(scaled_arch(get_arch("wide_resnet-1B")), (0, 2), x, 2, torch.device("cpu")) is None
 
 
+def test_pipeline_examples_carry_the_steps_precision(monkeypatch):
+    """The schedule checks each stage's outputs against its examples: under autocast (bf16 on GPUs; CPU's bf16
+    autocast stands in here) the last stage's logits are bf16, while hidden states between stages stay fp32."""
+    import torch
+
+    import runners.parallelize as par
+
+    monkeypatch.setattr(par, "training_autocast", lambda device: torch.autocast("cpu", dtype=torch.bfloat16))
+    arch = scaled_arch(get_arch("gpt-350M"), max_hidden=64, max_layers=4, seq_len=16, max_vocab=256)
+    n = layer_table(arch).num_layers
+    x = torch.zeros((8, arch.seq_len), dtype=torch.long)
+    assert par._stage_examples(arch, (2, n), x, 2, torch.device("cpu"))["output_args"].dtype == torch.bfloat16
+    assert par._stage_examples(arch, (0, 2), x, 2, torch.device("cpu"))["output_args"].dtype == torch.float32
+    # and that is what the stages produce under that autocast
+    from models.torch_layers import LayerStack
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = LayerStack(arch, 0, 2, seed=0)(x[:4])
+        logits = LayerStack(arch, 2, n, seed=0)(hidden)
+    assert hidden.dtype == torch.float32 and logits.dtype == torch.bfloat16
+
+
 def test_live_snapshots_carry_the_wait_a_job_earned(tmp_path):
     # aging must survive a start in the live loop as in the simulator: waiting from submission to the
     # start, nothing while running, and again from the round that finds it preempted

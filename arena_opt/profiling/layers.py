@@ -99,6 +99,11 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+# backward nodes of ops that only view their one input (a transposed weight is what a linear layer saves)
+_VIEW_BACKWARDS = {"TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0", "UnsafeViewBackward0",
+                   "ExpandBackward0", "AsStridedBackward0", "AliasBackward0"}
+
+
 def _saved_bytes(layer, x) -> tuple[object, int]:
     """Forward once, counting the distinct storages autograd saves that are not parameters."""
     import torch
@@ -108,10 +113,22 @@ def _saved_bytes(layer, x) -> tuple[object, int]:
     params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
     seen: dict[int, int] = {}
 
+    def weight_cast(t) -> bool:
+        # autocast's low-precision copy of a weight, or a view of it (cast once per step and cached: not an
+        # activation of the micro-batch, which the composition multiplies by the micro-batches in flight)
+        fn = t.grad_fn
+        while fn is not None and type(fn).__name__ in _VIEW_BACKWARDS:
+            nexts = [nf for nf, _ in fn.next_functions if nf is not None]
+            fn = nexts[0] if len(nexts) == 1 else None
+        if fn is None or type(fn).__name__ != "ToCopyBackward0":
+            return False
+        leaves = [getattr(nf, "variable", None) for nf, _ in fn.next_functions if nf is not None]
+        return any(v is not None and v.untyped_storage().data_ptr() in params for v in leaves)
+
     def pack(t):
         try:
             st = t.untyped_storage()
-            if st.data_ptr() not in params:
+            if st.data_ptr() not in params and not weight_cast(t):
                 seen.setdefault(st.data_ptr(), st.nbytes())
         except (RuntimeError, NotImplementedError):  # storage-less tensor subclasses: nothing to count
             pass
