@@ -132,12 +132,13 @@ def layer_rows(prof: pdb.ModelProfile, arch: Arch, gpu: GpuSpec, gpu_type: str, 
     """Each profiled (layer, micro-batch) sample's forward + backward against the analytical layer's."""
     table = cost_table(arch, params)
     links = links_for(gpu, None, params)
+    step_s = {b: layer_costs(table, gpu, gpu_type, links, nodes=1, gpus_per_node=1, batch=b, dp=1, tp=1, m=1,
+                             recompute=False, params=params).step_s
+              for b in {s.micro_batch for lp in prof.layers for s in lp.at(1)}}  # every layer at once, per size
     rows = []
     for lp in prof.layers:
         for s in lp.at(1):
-            lc = layer_costs(table, gpu, gpu_type, links, nodes=1, gpus_per_node=1, batch=s.micro_batch, dp=1,
-                             tp=1, m=1, recompute=False, params=params)
-            est = float(lc.step_s[lp.indices[0]])
+            est = float(step_s[s.micro_batch][lp.indices[0]])
             rows.append({"model": arch.name, "layer": lp.indices[0], "kind": lp.kind, "count": len(lp.indices),
                          "micro_batch": s.micro_batch, "profiled_s": s.fwd_s + s.bwd_s, "analytical_s": est,
                          "rel_err": est / (s.fwd_s + s.bwd_s) - 1.0})
@@ -155,20 +156,24 @@ def _with(params: CostParams, gpu_type: str, theta: np.ndarray, families: list[s
         "saturation_samples": {**params.saturation_samples, **{f: float(s) for f, s in zip(families, sat)}}})
 
 
+def _row_rates(rows: list[dict], archs: dict[str, Arch], gpu_type: str, params: CostParams) -> np.ndarray:
+    """`rate_vector` of every row's model under `params` (one GPU: no link is crossed, "nvlink" is a placeholder)."""
+    fams = [archs[r["model"]].family for r in rows]
+    return np.stack([rate_vector(params, gpu_type, params.dtype(f), "nvlink", f) for f in fams])
+
+
 def fit_device(rows: list[dict], coef: dict[int, np.ndarray], archs: dict[str, Arch], gpu_type: str,
                params: CostParams) -> CostParams:
     """The device's compute efficiency, rematerialisation share and each family's saturation fitted on
     measured one-GPU plans (robust loss on log(predicted / measured), as the calibration); the other
     parameters kept. Families without a measured row keep their saturation."""
     families = sorted({archs[r["model"]].family for r in rows})
-    keys = [(gpu_type, params.dtype(archs[r["model"]].family), "nvlink", archs[r["model"]].family) for r in rows]
     C = np.stack([coef[r["index"]] for r in rows])
     meas = np.log([r["measured_s"] for r in rows])
     has_rc = any(r["plan"]["recompute"] for r in rows)
 
     def loss(theta: np.ndarray) -> float:
-        p = _with(params, gpu_type, theta, families)
-        rates = np.stack([rate_vector(p, *k) for k in keys])
+        rates = _row_rates(rows, archs, gpu_type, _with(params, gpu_type, theta, families))
         r = np.log(np.maximum(np.einsum("ij,ij->i", C, rates), 1e-12)) - meas
         # a share no row measures stays where it was (weak pull to the committed value)
         pull = 0.0 if has_rc else (theta[1] - math.log(params.recompute_cost)) ** 2
@@ -182,8 +187,7 @@ def fit_device(rows: list[dict], coef: dict[int, np.ndarray], archs: dict[str, A
 
 def predict_rows(rows: list[dict], coef: dict[int, np.ndarray], archs: dict[str, Arch], gpu_type: str,
                  params: CostParams) -> list[float]:
-    return [float(coef[r["index"]] @ rate_vector(params, gpu_type, params.dtype(archs[r["model"]].family), "nvlink",
-                                                 archs[r["model"]].family)) for r in rows]
+    return [float(coef[r["index"]] @ rates) for r, rates in zip(rows, _row_rates(rows, archs, gpu_type, params))]
 
 
 # ---------------------------------------------------------------------------- the run
@@ -251,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         layer_out += layer_rows(prof, runner_arch(arch), gpu, gpu_type, params)
         log(f"{arch.name}: {len(prof.layers)} distinct layers profiled in {profile_s[name]:.0f} s")
 
+    names = [n for n in archs for _ in plans]
     cases = [Case(archs[n], p, args.batch) for n in archs for p in plans]
     t0 = time.perf_counter()
     measured = measure_each(cases, steps=args.steps, warmup=args.warmup, device=args.device)
@@ -260,14 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     comm = pc.comm_model(pdb.ProfileDB(), args.device)  # one device: no collective runs
     topo = pc.Topology(intra="nvlink" if args.device == "cuda" else "loopback")
     rows, failed, coef = [], [], {}
-    for i, (case, r) in enumerate(zip(cases, measured)):
-        name = next(n for n, a in archs.items() if a is case.arch)
+    for i, (name, case, r) in enumerate(zip(names, cases, measured)):
         priced = runner_arch(case.arch)
         est_s, mem_gib = analytical_plan(priced, gpu, gpu_type, params, args.batch, case.plan)
         coef[i] = plan_row_coefficients(priced, gpu, params, args.batch, case.plan)
         row = {"index": i, "model": name, "arch": case.arch.name, "plan": case.plan.model_dump(),
                "describe": case.plan.describe(), "analytical_s": est_s, "analytical_mem_gib": mem_gib,
-               "fits_in_model": mem_gib <= gpu.memory_gib,
                "profile_s": pc.plan_time(profiles[name], case.plan, args.batch, comm, topo).iter_time_s}
         if "error" in r:
             failed.append({**row, "error": r["error"]})
@@ -301,10 +304,9 @@ def main(argv: list[str] | None = None) -> int:
             t / r["measured_s"] - 1.0 for r, t in zip(test, predict_rows(test, coef, archs, gpu_type, fold))]}
 
     # the fitted set whole: its efficiency was fitted together with its knob prices, in the runners' settings
-    device_params = fitted
     params_path = args.out / "device_params.json"
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write(params_path, device_params.model_dump_json(indent=1) + "\n")
+    atomic_write(params_path, fitted.model_dump_json(indent=1) + "\n")
 
     knobs = knob_table(rows)
     payload = {"command": command(), "git": git_rev(), "machine": machine(), "device": device_name,
