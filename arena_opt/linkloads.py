@@ -84,7 +84,7 @@ class CommShares:
         by_shape = {sh: layer_terms(table, gpu, links, nodes=nodes, gpus_per_node=gpus_per_node, batch=batch,
                                     dp=sh[0], tp=sh[1], m=m, recompute=plan.recompute) for sh in set(plan.shapes)}
         terms = [by_shape[sh] for sh in plan.shapes]
-        rates = rate_vector(self.params, gpu_name, table.dtype, links.intra_kind, table.family)
+        rates = rate_vector(self.params, gpu_name, gpu.peak_tflops, table.dtype, links.intra_kind, table.family)
         costs = [t.costs(rates) for t in terms]
         stages = list(plan.stages)
         if not stages:  # a running plan given without its split: the model's own split

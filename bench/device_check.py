@@ -20,7 +20,7 @@ Per model (catalog size; `--scaled`: the CPU test's scaled-down one):
    is set against the analytical model's (`perf/analytical.py`, the committed calibrated parameters);
 2. every plan of the planner's single-GPU space (each power-of-two micro-batch count dividing the batch, with
    and without rematerialisation) is priced three ways: the analytical model at the device's catalog entry
-   (the shared efficiency where the calibration never saw the type), the profile composed
+   (the calibrated types' trend with peak FLOP/s where the calibration never saw the type), the profile composed
    (`perf/profile_costs.plan_time`), and measured: the runners' own training step (`profiling/measure.py`,
    one process; a plan that runs out of memory is reported, not dropped silently).
    On GPUs each plan's peak allocated memory is set against the planner's memory model (what decides
@@ -112,10 +112,10 @@ def single_gpu_plans(batch: int) -> list[Plan]:
 def plan_row_coefficients(arch: Arch, gpu: GpuSpec, params: CostParams, batch: int, plan: Plan) -> np.ndarray:
     """The plan's iteration time as coefficients of `analytical.RATE_NAMES` (one stage, pp = 1): time =
     coefficients . rate_vector, so the fit below moves rates without re-deriving the plan."""
-    t = layer_terms(cost_table(arch, params), gpu, links_for(gpu, None, params), nodes=1, gpus_per_node=1,
+    table = cost_table(arch, params)
+    t = layer_terms(table, gpu, links_for(gpu, None, params), nodes=1, gpus_per_node=1,
                     batch=batch, dp=1, tp=1, m=plan.num_microbatches, recompute=plan.recompute)
-    return (plan.num_microbatches * (t.step.sum(axis=1) + t.microbatch) + t.allreduce.sum(axis=1)
-            + t.optim.sum(axis=1))
+    return t.stage_row(0, table.num_layers, plan.num_microbatches, 1, sends=False)
 
 
 def analytical_plan(arch: Arch, gpu: GpuSpec, gpu_type: str, params: CostParams, batch: int,
@@ -159,7 +159,8 @@ def _with(params: CostParams, gpu_type: str, theta: np.ndarray, families: list[s
 def _row_rates(rows: list[dict], archs: dict[str, Arch], gpu_type: str, params: CostParams) -> np.ndarray:
     """`rate_vector` of every row's model under `params` (one GPU: no link is crossed, "nvlink" is a placeholder)."""
     fams = [archs[r["model"]].family for r in rows]
-    return np.stack([rate_vector(params, gpu_type, params.dtype(f), "nvlink", f) for f in fams])
+    peak = BUILTIN_GPUS[gpu_type].peak_tflops
+    return np.stack([rate_vector(params, gpu_type, peak, params.dtype(f), "nvlink", f) for f in fams])
 
 
 def fit_device(rows: list[dict], coef: dict[int, np.ndarray], archs: dict[str, Arch], gpu_type: str,
@@ -179,7 +180,7 @@ def fit_device(rows: list[dict], coef: dict[int, np.ndarray], archs: dict[str, A
         pull = 0.0 if has_rc else (theta[1] - math.log(params.recompute_cost)) ** 2
         return float(np.mean(HUBER ** 2 * (np.sqrt(1 + (r / HUBER) ** 2) - 1)) + pull)
 
-    x0 = np.log([params.eff(gpu_type), params.recompute_cost]
+    x0 = np.log([params.eff(gpu_type, BUILTIN_GPUS[gpu_type].peak_tflops), params.recompute_cost]
                 + [params.saturation_samples.get(f) or 0.5 for f in families])
     theta = cal.nelder_mead(loss, x0, step=0.5)
     return _with(params, gpu_type, cal.nelder_mead(loss, theta, step=0.1), families)
@@ -229,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = BUILTIN_GPUS[gpu_type]
     committed = calibrated_params()
     params = runner_params(committed)
-    log(f"{device_name} priced as {gpu_type} (compute efficiency {params.eff(gpu_type):.3f}"
-        f"{'' if gpu_type in params.compute_eff else ', the shared one'})")
+    log(f"{device_name} priced as {gpu_type} (compute efficiency {params.eff(gpu_type, gpu.peak_tflops):.3f}"
+        f"{'' if gpu_type in params.compute_eff else ', by the fitted types peak trend'})")
 
     archs: dict[str, Arch] = {}
     for name in args.models.split(","):
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         # a family no training row has keeps the committed saturation (fit_device fits only the rows' families)
         fold = fit_device(train, coef, archs, gpu_type, params)
-        held_out[name] = {"compute_eff": fold.eff(gpu_type), "rel_err": [
+        held_out[name] = {"compute_eff": fold.eff(gpu_type, gpu.peak_tflops), "rel_err": [
             t / r["measured_s"] - 1.0 for r, t in zip(test, predict_rows(test, coef, archs, gpu_type, fold))]}
 
     # the fitted set whole: its efficiency was fitted together with its knob prices, in the runners' settings
@@ -312,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"command": command(), "git": git_rev(), "machine": machine(), "device": device_name,
                "gpu_type": gpu_type, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
                "scaled": args.scaled, "seconds": time.perf_counter() - t_start, "profile_s": profile_s,
-               "measure_s": measure_s, "compute_eff_committed": params.eff(gpu_type),
-               "fitted": {"compute_eff": fitted.eff(gpu_type), "recompute_cost": fitted.recompute_cost,
+               "measure_s": measure_s, "compute_eff_committed": params.eff(gpu_type, gpu.peak_tflops),
+               "fitted": {"compute_eff": fitted.eff(gpu_type, gpu.peak_tflops), "recompute_cost": fitted.recompute_cost,
                           "saturation_samples": {f: fitted.saturation_samples.get(f) for f in
                                                  sorted({a.family for a in archs.values()})},
                           "microbatch_overhead_s": fitted.microbatch_overhead_s},

@@ -8,8 +8,9 @@ leave-one-GPU-type-out.
         CostParams fields of the fit's starting point as JSON values, the weight of the fit's envelope term)
 
 For each GPU type T: fit the cost model (`arena_opt.perf.calibrate.fit`) on the other three types,
-then predict T's rows. T's compute efficiency is the fit's shared efficiency (a fraction of T's
-data-sheet peak); nothing of T's data is used. Predictions are reported two ways:
+then predict T's rows. T's compute efficiency (a fraction of T's data-sheet peak) is the other types'
+efficiencies' trend with peak FLOP/s, read at T's peak (`calibrate.peak_trend`); nothing of T's data
+is used but its catalog entry. Predictions are reported two ways:
 - `reference space`: the fastest plan in the measured runtime's plan space (Alpa as Arena ran it:
   16 micro-batches, rematerialization), which is what the measurement is;
 - `planner`: `PerfEstimator(table_mode="off").best(...)`, what the scheduler sees (the planner's own
@@ -269,9 +270,10 @@ def loto_summary(obs: list[cal.Observation], folds: dict[str, cal.FitResult], by
         for name, st in named:
             lines.append(f"{space_name:9s} {name:22s} n={st['n']:3d} median {fmt_pct(st['median'])} "
                          f"p90 {fmt_pct(st['p90'])} signed {fmt_pct(st['median_signed'])}")
-    knobs = {k: (v.params.microbatch_overhead_s, v.params.recompute_cost) for k, v in folds.items()}
-    lines.append("knob prices per fold (micro-batch slot s, recompute share): "
-                 + "; ".join(f"{k} {a * 1e3:.2f} ms, {b:.2f}" for k, (a, b) in knobs.items()))
+    knobs = {k: (v.params.microbatch_overhead_s, v.params.recompute_cost, v.params.compute_eff_peak_exponent)
+             for k, v in folds.items()}
+    lines.append("per fold (micro-batch slot, recompute share, efficiency's peak exponent): "
+                 + "; ".join(f"{k} {a * 1e3:.2f} ms, {b:.2f}, {c:.2f}" for k, (a, b, c) in knobs.items()))
     return "\n".join(lines)
 
 

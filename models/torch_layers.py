@@ -344,21 +344,24 @@ class LayerStack(nn.Module):
             raise ValueError(f"layer range [{first}, {last}) is not inside [0, {n}) for {arch.name}")
         self.first, self.last = first, last
         self.layers = nn.ModuleDict({str(i): build_layer(arch, i, tp_degree, seed) for i in range(first, last)})
+        # each layer's batch norms, found once (a plain list: not registered twice, and deepcopy maps it along)
+        self._norms = [[m for m in layer.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+                       for layer in self.layers.values()]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         remat = self.recompute and torch.is_grad_enabled()
-        for layer in self.layers.values():
+        for layer, norms in zip(self.layers.values(), self._norms):
             # only each layer's input is kept for backward, which runs the layer's forward again (the
             # non-reentrant form: it composes with FSDP2's hooks, DTensor and the pipeline schedule)
-            x = checkpoint(layer, x, use_reentrant=False, context_fn=_recompute_contexts(layer)) if remat else layer(x)
+            x = checkpoint(layer, x, use_reentrant=False, context_fn=_recompute_contexts(norms)) if remat else layer(x)
         return x
 
 
-def _recompute_contexts(layer: nn.Module):
-    """checkpoint's (forward, recomputation) contexts for `layer`: the recomputed forward runs in training mode, so
-    batch norm would fold its batch into the running statistics a second time; the recomputation puts them back
-    as the forward left them (a rematerialising plan's state is then the plain plan's, checkpoints included)."""
-    norms = [m for m in layer.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+def _recompute_contexts(norms: list[nn.Module]):
+    """checkpoint's (forward, recomputation) contexts for a layer with batch norms `norms`: the recomputed forward
+    runs in training mode, so batch norm would fold its batch into the running statistics a second time; the
+    recomputation puts them back as the forward left them (a rematerialising plan's state is then the plain
+    plan's, checkpoints included)."""
     if not norms:
         return noop_context_fn
     return lambda: (contextlib.nullcontext(), _restored_buffers(norms))
@@ -383,17 +386,23 @@ def build_layers(arch: Arch, tp_degree: int = 1, seed: int | None = 0) -> LayerS
 # ---------------------------------------------------------------------------- data
 
 
+def training_precision(device: torch.device | str) -> torch.dtype:
+    """The precision a training step's matrix products run at, in the runners and in the profiler alike (a
+    profile taken at another precision than the steps it prices is off by the ratio of the two): bf16 on GPUs,
+    as the estimator's fp16/bf16 cost model prices them; fp32 on CPUs, which have no fast low-precision kernels."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 def training_autocast(device: torch.device | str):
-    """The precision a training step runs at, in the runners and in the profiler alike (a profile taken at
-    another precision than the steps it prices is off by the ratio of the two): bf16 autocast on GPUs, as the
-    estimator's fp16/bf16 cost model prices them; fp32 on CPUs, which have no fast low-precision kernels."""
-    kind = torch.device(device).type
-    return torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda")
+    """Autocast to `training_precision` (off where that is fp32)."""
+    dtype = training_precision(device)
+    low = dtype != torch.float32
+    return torch.autocast(torch.device(device).type, dtype=dtype if low else torch.bfloat16, enabled=low)
 
 
 def training_dtype(device: torch.device | str) -> str:
-    """The name of `training_autocast`'s precision on this device (ModelProfile.dtype)."""
-    return "bf16" if torch.device(device).type == "cuda" else "fp32"
+    """The name of `training_precision` on this device (ModelProfile.dtype)."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[training_precision(device)]
 
 
 def synthetic_batch(arch: Arch, step: int, batch: int, seed: int = 0,

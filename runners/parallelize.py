@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from arena_opt.plan import Plan
 from models.catalog import Arch
 from models.torch_layers import (MLP, Embedding, Head, LayerStack, TransformerBlock, layer_kinds, loss_fn,
-                                 training_autocast)
+                                 training_autocast, training_precision)
 from arena_opt.stages import PlanError, check_plan
 
 
@@ -211,10 +211,9 @@ def _stage_examples(arch: Arch, layers: tuple[int, int], x: torch.Tensor, nm: in
     # activations carry gradients back across the stage boundary: the examples say so
     inp = (torch.zeros((mb, *x.shape[1:]), dtype=x.dtype, device=device) if first == 0
            else torch.zeros(hidden, device=device, requires_grad=True))
-    if last == len(layer_kinds(arch)):  # the head's logits: a matrix product's output, in autocast's precision
-        with training_autocast(device):
-            dtype = (torch.ones(1, 1, device=device) @ torch.ones(1, 1, device=device)).dtype
-        out = torch.zeros((mb, arch.seq_len, arch.vocab), dtype=dtype, device=device, requires_grad=True)
+    if last == len(layer_kinds(arch)):  # the head's logits: a matrix product's output, in the step's precision
+        out = torch.zeros((mb, arch.seq_len, arch.vocab), dtype=training_precision(device), device=device,
+                          requires_grad=True)
     else:  # the residual stream stays fp32 under autocast
         out = torch.zeros(hidden, device=device, requires_grad=True)
     return {"input_args": inp, "output_args": out}

@@ -28,7 +28,7 @@ def test_terms_times_rates_is_layer_costs():
     kw = dict(nodes=2, gpus_per_node=2, batch=64, dp=2, tp=2, m=4, recompute=True)
     direct = layer_costs(table, gpu, "a40", links, params=p, **kw)
     terms = layer_terms(table, gpu, links, **kw)
-    via = terms.costs(rate_vector(p, "a40", table.dtype, links.intra_kind, arch.family))
+    via = terms.costs(rate_vector(p, "a40", gpu.peak_tflops, table.dtype, links.intra_kind, arch.family))
     assert np.allclose(direct.step_s, via.step_s) and np.allclose(direct.allreduce_s, via.allreduce_s)
     assert direct.step_s.sum() > 0
 
@@ -331,3 +331,46 @@ def test_arena_a40_rows_are_priced_on_pcie(monkeypatch, tmp_path):
                          gpus_per_node=2, batch=128, dp=2, tp=1, m=1, recompute=False)
         cost[link] = lc.allreduce_s.sum()
     assert cost["pcie"] > 1.5 * cost[None]
+
+
+def _law(peak, a=0.45, k=0.2):
+    return a * (peak / 100.0) ** k
+
+
+def test_unseen_type_follows_the_fitted_types_peak_trend():
+    types = ("a10", "a40", "a100-40gb")
+    fitted = CostParams(compute_eff={t: _law(BUILTIN_GPUS[t].peak_tflops) for t in types}, default_compute_eff=0.9)
+    rows = [obs("bert-760M", t, 1, 1) for t in types for _ in range(2)]
+    p = cal.peak_trend(fitted, rows)
+    assert p.compute_eff_peak_exponent == pytest.approx(0.2) and p.default_compute_eff == pytest.approx(0.45)
+    assert p.eff("h100-80gb", 989.0) == pytest.approx(_law(989.0))
+    assert p.eff("a40", BUILTIN_GPUS["a40"].peak_tflops) == fitted.compute_eff["a40"]  # a fitted type keeps its own
+    assert p.eff("h100-80gb", 989.0, "fp32") == pytest.approx(_law(989.0) * p.fp32_eff_scale)
+    # each type weighs by its rows: more rows of a type off the line pull the line towards it
+    off = fitted.model_copy(update={"compute_eff": {**fitted.compute_eff, "a10": 0.3}})
+    few = cal.peak_trend(off, rows)
+    many = cal.peak_trend(off, rows + [obs("bert-760M", "a10", 1, 1)] * 8)
+    assert many.eff("x", 125.0) < few.eff("x", 125.0) and many.eff("x", 125.0) > 0.3
+
+
+def test_one_peak_gives_no_trend_and_the_rows_weighted_mean():
+    fitted = CostParams(compute_eff={"a10": 0.4, "v100-32gb": 0.6})  # both 125 TFLOP/s
+    rows = [obs("bert-760M", "a10", 1, 1)] * 3 + [obs("bert-760M", "v100-32gb", 1, 1)]
+    p = cal.peak_trend(fitted, rows)
+    assert p.compute_eff_peak_exponent == 0.0
+    assert p.default_compute_eff == pytest.approx(np.exp((3 * np.log(0.4) + np.log(0.6)) / 4))
+    assert cal.peak_trend(CostParams(), rows) == CostParams()  # nothing fitted: nothing to follow
+
+
+def test_held_out_type_is_priced_from_the_trend_of_the_others():
+    truth = CostParams(compute_eff={o.gpu_type: _law(o.gpu.peak_tflops) for o in CASES})
+    cases = _measured(CASES, truth, cal.ARENA_SPACE)
+    a100 = BUILTIN_GPUS["a100-40gb"].peak_tflops
+    for trend, tol in ((True, 0.03), (False, None)):
+        spec = cal.FitSpec(fit_globals=(), rounds=1, envelope_space=None, peak_trend=trend)
+        fold = cal.leave_one_type_out(cases, CostParams(), spec, held=["a100-40gb"])["a100-40gb"].params
+        err = fold.eff("a100-40gb", a100) / _law(a100) - 1
+        if trend:
+            assert abs(err) < tol
+        else:  # the other types' mean sits 15% and more below the A100's efficiency
+            assert err < -0.1

@@ -47,7 +47,7 @@ def test_linearised_plan_time_is_the_priced_plan_time(model):
     for plan in dc.single_gpu_plans(16):
         t, _ = dc.analytical_plan(arch, gpu, "h100-80gb", params, 16, plan)
         row = dc.plan_row_coefficients(arch, gpu, params, 16, plan)
-        lin = row @ rate_vector(params, "h100-80gb", params.dtype(arch.family), "nvlink", arch.family)
+        lin = row @ rate_vector(params, "h100-80gb", 989.0, params.dtype(arch.family), "nvlink", arch.family)
         assert lin == pytest.approx(t, rel=1e-9)
 
 
@@ -68,7 +68,7 @@ def test_fit_recovers_the_parameters_that_made_the_measurements():
             t, _ = dc.analytical_plan(arch, gpu, "h100-80gb", truth, 16, plan)
             rows.append({"index": i, "model": name, "plan": plan.model_dump(), "measured_s": t})
     fitted = dc.fit_device(rows, coef, archs, "h100-80gb", start)
-    assert fitted.eff("h100-80gb") == pytest.approx(0.37, rel=0.02)
+    assert fitted.eff("h100-80gb", 989.0) == pytest.approx(0.37, rel=0.02)
     assert fitted.recompute_cost == pytest.approx(0.6, rel=0.05)
     assert fitted.saturation_samples["gpt"] == pytest.approx(1.5, rel=0.1)
     pred = dc.predict_rows(rows, coef, archs, "h100-80gb", fitted)

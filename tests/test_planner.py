@@ -369,8 +369,8 @@ def test_layer_costs_of_repeated_candidates_equal_costing_each(model, variant):
     first, _ = _distinct_candidates(links, **kw)
     assert first is not None and len(first) < len(rows) / 2  # the stack repeats candidates
     many = layer_costs(table, spec, "a100-40gb", links, params=params, **kw)
-    plain = layer_terms(table, spec, links, **kw).costs(rate_vector(params, "a100-40gb", table.dtype, links.intra_kind,
-                                                                    table.family))
+    rates = rate_vector(params, "a100-40gb", spec.peak_tflops, table.dtype, links.intra_kind, table.family)
+    plain = layer_terms(table, spec, links, **kw).costs(rates)
     for f in FIELDS + ("microbatch_s",):
         assert getattr(many, f).tobytes() == getattr(plain, f).tobytes(), f
     for i, (n, g, b, d, t, k, r) in enumerate(rows):

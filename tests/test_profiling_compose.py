@@ -150,22 +150,34 @@ def src_links(gpu):
     return links_for(gpu, None, CostParams())
 
 
-def test_profile_transfers_to_another_gpu_by_roofline_loads():
-    from arena_opt.perf.analytical import cost_table, roofline_load_s
-    from arena_opt.perf.profile_source import _FP32, ProfileSource, gpu_type_of
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_profile_transfers_to_another_gpu_by_roofline_loads(dtype):
+    """At the profile's own precision: a bf16 profile (the runners' precision on GPUs) moves by tensor-core
+    peaks, an fp32 one by CUDA-core peaks; the two ratios differ (H200/A10: 7.9x bf16, 4.3x fp32)."""
+    from arena_opt.perf.analytical import cost_table, peak_flops, roofline_load_s
+    from arena_opt.perf.profile_source import ProfileSource, gpu_type_of, params_at
+    from models.catalog import get_arch
 
     assert gpu_type_of("NVIDIA H200") == "h200"
     assert gpu_type_of("NVIDIA A100-SXM4-40GB") == "a100-40gb"
-    db = ProfileDB(models=[profile(device="cuda", device_name="NVIDIA H200")])
+    db = ProfileDB(models=[profile(device="cuda", device_name="NVIDIA H200").model_copy(update={"dtype": dtype})])
     src = ProfileSource(db)
     h200, a10 = BUILTIN_GPUS["h200"], BUILTIN_GPUS["a10"]
     kw = dict(nodes=1, gpus_per_node=1, batch=4, dp=1, tp=1, m=1, recompute=False)
     on_h200 = src(ARCH, "h200", h200, src_links(h200), **kw)
     on_a10 = src(ARCH, "a10", a10, src_links(a10), **kw)
-    table = cost_table(ARCH, _FP32)
+    table = cost_table(ARCH, params_at(dtype))
+    assert table.dtype == dtype
     ratio = roofline_load_s(table, a10, micro_batch_size=4) / roofline_load_s(table, h200, micro_batch_size=4)
     assert on_a10.step_s == pytest.approx(on_h200.step_s * ratio)
     assert (ratio > 1).all()
+    # a full-size model at 64 samples: in fp32 its matrix products are bound by the CUDA-core peaks (4.3x);
+    # in bf16 the tensor cores are 7.9x apart and every layer is bound by the bandwidths (8x)
+    big = {d: cost_table(get_arch("gpt-350M"), params_at(d)) for d in ("fp32", "bf16")}
+    loads = {d: roofline_load_s(t, a10, micro_batch_size=64) / roofline_load_s(t, h200, micro_batch_size=64)
+             for d, t in big.items()}
+    assert loads["fp32"].min() == pytest.approx(peak_flops(h200, "fp32") / peak_flops(a10, "fp32"), rel=1e-6)
+    assert loads["bf16"].min() == pytest.approx(h200.mem_bw_gbs / a10.mem_bw_gbs, rel=1e-6)
 
 
 # ---------------------------------------------------------------- runtime pieces measured on one device

@@ -113,7 +113,7 @@ def test_saved_bytes_leave_out_autocasts_weight_copies(monkeypatch):
     import models.torch_layers as tl
     from arena_opt.profiling.layers import _saved_bytes
 
-    monkeypatch.setattr(tl, "training_autocast", lambda device: torch.autocast("cpu", dtype=torch.bfloat16))
+    monkeypatch.setattr(tl, "training_precision", lambda device: torch.bfloat16)
     layer = torch.nn.Linear(256, 256)
     x = torch.randn(2, 256, requires_grad=True)
     out, kept = _saved_bytes(layer, x)

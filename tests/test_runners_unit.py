@@ -250,7 +250,7 @@ def test_pipeline_examples_carry_the_steps_precision(monkeypatch):
 
     import runners.parallelize as par
 
-    monkeypatch.setattr(par, "training_autocast", lambda device: torch.autocast("cpu", dtype=torch.bfloat16))
+    monkeypatch.setattr(par, "training_precision", lambda device: torch.bfloat16)
     arch = scaled_arch(get_arch("gpt-350M"), max_hidden=64, max_layers=4, seq_len=16, max_vocab=256)
     n = layer_table(arch).num_layers
     x = torch.zeros((8, arch.seq_len), dtype=torch.long)

@@ -190,7 +190,8 @@ def test_profiler_times_layers_at_the_runners_precision(monkeypatch):
         warnings.simplefilter("ignore")
         ctx = tl.training_autocast("cuda")
     assert ctx.fast_dtype == torch.bfloat16 and tl.training_dtype("cuda") == "bf16"
-    assert tl.training_dtype("cpu") == "fp32"
+    assert tl.training_dtype("cpu") == "fp32" and not tl.training_autocast("cpu")._enabled
+    assert par.training_precision is tl.training_precision  # the pipeline's examples read the same precision
     seen = []
     real = tl.training_autocast
 

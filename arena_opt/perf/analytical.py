@@ -39,6 +39,8 @@ OPTIMIZER_BYTES_PER_PARAM = 12  # of which the fp32 master weights and Adam mome
 EW_TRAFFIC_PER_ACT_BYTE = 2.0
 # dense fp16 TFLOP/s of the GPU on which `microbatch_overhead_s` is the slot's cost
 MICROBATCH_REF_TFLOPS = 100.0
+# dense fp16 TFLOP/s at which `default_compute_eff` is an unseen type's efficiency
+EFF_REF_TFLOPS = 100.0
 
 Dtype = Literal["fp16", "bf16", "fp32"]
 RATE_NAMES = ("compute", "memory", "launch", "intra", "inter", "fixed", "saturation", "recompute", "microbatch")
@@ -51,7 +53,11 @@ class CostParams(BaseModel):
 
     compute_eff: dict[str, PositiveFloat] = Field(default_factory=dict,
                                                    description="achieved fraction of peak FLOP/s per GPU type")
-    default_compute_eff: PositiveFloat = 0.45
+    default_compute_eff: PositiveFloat = Field(0.45, description=(
+        "efficiency of a GPU type without its own entry, at EFF_REF_TFLOPS peak (see compute_eff_peak_exponent)"))
+    compute_eff_peak_exponent: float = Field(0.0, ge=-1.0, le=1.0, description=(
+        "a type without its own efficiency gets default_compute_eff * (peak / EFF_REF_TFLOPS) ** this: the "
+        "trend of the fitted types' efficiencies with their dense fp16 peak (0: one efficiency for all)"))
     fp32_eff_scale: PositiveFloat = Field(1.0, description="fp32 (CUDA-core) efficiency relative to the "
                                                            "tensor-core one, shared by all GPU types")
     mem_eff: PositiveFloat = 0.7  # achieved fraction of memory bandwidth
@@ -97,8 +103,11 @@ class CostParams(BaseModel):
         "all-to-alls of its routed tokens per pass on the dp group's link; off: experts replicated like "
         "any weight (this project's torch runners)"))
 
-    def eff(self, gpu: str, dtype: str = "fp16") -> float:
-        e = self.compute_eff.get(gpu, self.default_compute_eff)
+    def eff(self, gpu: str, peak_tflops: float, dtype: str = "fp16") -> float:
+        """Achieved fraction of peak of GPU type `gpu` (dense fp16 peak `peak_tflops`) in `dtype`."""
+        e = self.compute_eff.get(gpu)
+        if e is None:
+            e = min(1.0, self.default_compute_eff * (peak_tflops / EFF_REF_TFLOPS) ** self.compute_eff_peak_exponent)
         return e * self.fp32_eff_scale if dtype == "fp32" else e
 
     def link_eff(self, kind: str) -> float:
@@ -229,11 +238,21 @@ class LayerTerms:
                           optim_s=rates @ self.optim, static_bytes=self.static_bytes, act_bytes=self.act_bytes,
                           peak_bytes=self.peak_bytes, microbatch_s=self.microbatch @ rates)
 
+    def stage_row(self, first: int, last: int, m: int, pp: int, sends: bool) -> np.ndarray:
+        """Coefficients of `RATE_NAMES` of one stage's time (layers [first, last), m micro-batches, pp stages):
+        (m + pp - 1) slots of its layers' step, its boundary send (`sends`: not the last stage) and the slot's
+        fixed cost, then its all-reduce and optimizer step. `compose.evaluate_split` prices the same sum."""
+        slot = self.step[:, first:last].sum(axis=1) + self.microbatch
+        if sends:
+            slot = slot + self.p2p[:, last - 1]
+        return (m + pp - 1) * slot + self.allreduce[:, first:last].sum(axis=1) + self.optim[:, first:last].sum(axis=1)
 
-def rate_vector(params: CostParams, gpu_name: str, dtype: str = "fp16", intra_kind: str = "nvlink",
-                family: str = "") -> np.ndarray:
-    """Values of `RATE_NAMES` for one GPU type, training precision, intra-node link and model family."""
-    inv_eff = 1.0 / params.eff(gpu_name, dtype)
+
+def rate_vector(params: CostParams, gpu_name: str, peak_tflops: float, dtype: str = "fp16",
+                intra_kind: str = "nvlink", family: str = "") -> np.ndarray:
+    """Values of `RATE_NAMES` for one GPU type (dense fp16 peak `peak_tflops`), training precision,
+    intra-node link and model family."""
+    inv_eff = 1.0 / params.eff(gpu_name, peak_tflops, dtype)
     return np.array([inv_eff, 1.0 / params.mem_eff, params.layer_overhead_s, 1.0 / params.link_eff(intra_kind),
                      1.0 / params.inter_comm_eff, 1.0, params.saturation_samples.get(family, 0.0) * inv_eff,
                      params.recompute_cost * inv_eff, params.microbatch_overhead_s])
@@ -374,7 +393,7 @@ def layer_costs(table: LayerTable, gpu: GpuSpec, gpu_name: str, links: Links, *,
                 gpus_per_node: int, batch: int, dp, tp, m, recompute, params: CostParams) -> LayerCosts:
     """Per-layer costs for one micro-batch of batch/(dp*m) samples under tp-way sharding (a stack of
     candidates when dp, tp, m, recompute are arrays, as in `layer_terms`)."""
-    rates = rate_vector(params, gpu_name, getattr(table, "dtype", "fp16"), links.intra_kind,
+    rates = rate_vector(params, gpu_name, gpu.peak_tflops, getattr(table, "dtype", "fp16"), links.intra_kind,
                         getattr(table, "family", ""))
     args = {"nodes": nodes, "gpus_per_node": gpus_per_node, "batch": batch, "dp": dp, "tp": tp, "m": m,
             "recompute": recompute}

@@ -118,7 +118,7 @@ class ModelProfile(_Strict):
     arch: Arch
     device: str = Field(description="'cpu' or 'cuda'")
     device_name: str = ""
-    dtype: str = "fp32"
+    dtype: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="precision the layers were timed at")
     threads: PositiveInt = 1
     torch: str = ""
     created: str = ""

@@ -4,7 +4,8 @@ measured) it falls back to the analytical model.
 
 A profile measured on one GPU type serves the others through Arena's roofline loads: each layer's
 measured time is scaled by load(target) / load(profiled), the layer's time at attainable
-performance min(peak, intensity x bandwidth) on each GPU (`perf.analytical.roofline_load_s`).
+performance min(peak, intensity x bandwidth) on each GPU (`perf.analytical.roofline_load_s`), at
+the precision the profile was timed at.
 Collectives use the database's NCCL fits for that device, else the link kind's published
 alpha-beta at the GPU's catalog bandwidth.
 """
@@ -13,16 +14,17 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
 from arena_opt.gpus import BUILTIN_GPUS, GpuSpec
-from arena_opt.perf.analytical import Links, cost_table, intra_link_kind, roofline_load_s
+from arena_opt.perf.analytical import CostParams, Links, cost_table, intra_link_kind, roofline_load_s
 from arena_opt.perf.comm import AlphaBeta, LINK_DEFAULTS
 from arena_opt.perf.compose import LayerCosts
 from arena_opt.perf.profile_costs import CommModel, Topology, layer_costs
 from arena_opt.perf.profile_db import ModelProfile, ProfileDB
-from models.catalog import Arch
+from models.catalog import ARCHITECTURES, Arch
 
 
 def gpu_type_of(device_name: str, catalog: dict[str, GpuSpec] | None = None) -> str | None:
@@ -80,7 +82,7 @@ class ProfileSource:
         scale: np.ndarray | float = 1.0
         if src_type != gpu_name:
             src = self.catalog[src_type]
-            table = cost_table(arch, _FP32)
+            table = cost_table(arch, params_at(prof.dtype))
             b = batch / (dp * m)
             scale = (roofline_load_s(table, gpu, micro_batch_size=b, tp=tp)
                      / roofline_load_s(table, src, micro_batch_size=b, tp=tp))
@@ -90,13 +92,12 @@ class ProfileSource:
                            compute_scale=scale)
 
 
-def _fp32_params():
-    from arena_opt.perf.analytical import CostParams
+@lru_cache(maxsize=4)
+def params_at(dtype: str) -> CostParams:
+    """Cost parameters under which every model family trains at `dtype`: a profile's loads compare the
+    rooflines of the precision it was timed at (`ModelProfile.dtype`: bf16 on GPUs, as the runners train
+    there, so tensor-core peaks; an fp32 profile compares the CUDA-core peaks)."""
+    return CostParams(dtype_by_family={a.family: dtype for a in ARCHITECTURES.values()})
 
-    # profiles come from the runners, which train in fp32: loads compare fp32 rooflines
-    return CostParams(dtype_by_family={f: "fp32" for f in ("gpt", "bert", "moe", "llama", "wide_resnet")})
 
-
-_FP32 = _fp32_params()
-
-__all__ = ["ProfileSource", "gpu_type_of", "intra_link_kind"]
+__all__ = ["ProfileSource", "gpu_type_of", "intra_link_kind", "params_at"]
