@@ -294,7 +294,8 @@ def render(p: dict) -> str:
            f"Command: `{p['command']}` (git {p['git']}), {p['seconds']:.0f} s on {m.get('cpu_model', m['processor'])}"
            f" ({m['cpus']} CPUs), Python {m['python']}. Table: `{p['table']}`, {p['rows']} rows with a time.\n",
            "Relative error = predicted / measured - 1. Leave-one-GPU-type-out: fitted on the other three "
-           "types; the held-out type gets the shared compute efficiency times its data-sheet peak.\n",
+           "types; the held-out type's compute efficiency is the other types' trend with peak FLOP/s, read at its "
+           "peak (`calibrate.peak_trend`).\n",
            "Knob prices (calibrated; `microbatch_overhead_s` per micro-batch slot and stage, `recompute_cost` "
            "as a share of a forward pass): "
            + "; ".join(f"{name} {q['microbatch_overhead_s'] * 1e3:.2f} ms, {q['recompute_cost']:.2f}"

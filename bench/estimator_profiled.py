@@ -7,8 +7,8 @@ Reads the leave-one-type-out folds of bench/results/estimator.json (each fitted 
 the fold's parameters are kept and T's compute efficiency alone is fitted on T's single-GPU measured rows:
 the stand-in, in Arena's table, for profiling one device of a new type (what `arena-opt profile` does on a
 real cluster) before any multi-GPU run of it. T's multi-GPU rows are then priced in the planner's own plan
-space, as the scheduler sees them, and compared with the pure fold (data-sheet peak times the shared
-efficiency) on the same rows. If the per-type bias of the pure fold were the device's unknown efficiency,
+space, as the scheduler sees them, and compared with the pure fold (the other types' efficiency trend
+with peak FLOP/s, read at T's peak: `calibrate.peak_trend`) on the same rows. If the per-type bias of the pure fold were the device's unknown efficiency,
 the profiled fold would remove it; what remains is the multi-GPU part of the model.
 
 The measured table's own scaling is shown beside it, computed from the rows: configurations where a job
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         prof_all += own
         multi_obs += multi
         per_type[held] = {"single_gpu_rows": len(single), "multi_gpu_rows": len(multi),
-                          "eff_shared": fold.default_compute_eff, "eff_profiled": prof.compute_eff[held],
+                          "eff_unseen": fold.eff(held, single[0].gpu.peak_tflops), "eff_profiled": prof.compute_eff[held],
                           "pure": err_stats(pure), "profiled": err_stats(own)}
     by_gpus: dict = defaultdict(lambda: ([], []))
     for o, a, b in zip(multi_obs, pure_all, prof_all):
@@ -129,12 +129,12 @@ def render(p: dict) -> str:
         if "pure" not in r:
             rows.append([t, 0, "-", "-", "-", "-", "-", "-", "-", "-"])
             continue
-        rows.append([t, r["single_gpu_rows"], r["multi_gpu_rows"], f"{r['eff_shared']:.3f}",
+        rows.append([t, r["single_gpu_rows"], r["multi_gpu_rows"], f"{r['eff_unseen']:.3f}",
                      f"{r['eff_profiled']:.3f}", *stats(r["pure"]), *stats(r["profiled"])[:: 2]])
     a = p["all_multi_gpu"]
     rows.append(["all", sum(r.get("single_gpu_rows", 0) for r in p["per_type"].values()), a["pure"]["n"], "", "",
                  *stats(a["pure"]), *stats(a["profiled"])[:: 2]])
-    head = ["held-out type", "1-GPU rows", "multi-GPU rows", "eff (shared)", "eff (profiled)",
+    head = ["held-out type", "1-GPU rows", "multi-GPU rows", "eff (unseen: trend)", "eff (profiled)",
             "pure: median |err|", "p90", "median signed", "profiled: median |err|", "median signed"]
     by_n = [[n, r["pure"]["n"], *stats(r["pure"]), *stats(r["profiled"])] for n, r in p["by_num_gpus"].items()]
     m = p["measured_scaling"]

@@ -1,5 +1,5 @@
 """Calibration: the linearized plan times equal the planner's, a fit recovers parameters it generated
-measurements with, and a held-out GPU type gets only the shared efficiency."""
+measurements with, and a held-out GPU type gets only the other types' efficiency trend with peak."""
 
 import numpy as np
 import pytest
