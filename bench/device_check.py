@@ -156,6 +156,11 @@ def _with(params: CostParams, gpu_type: str, theta: np.ndarray, families: list[s
         "saturation_samples": {**params.saturation_samples, **{f: float(s) for f, s in zip(families, sat)}}})
 
 
+def _eff(params: CostParams, gpu_type: str) -> float:
+    """The catalog type's compute efficiency under `params` (its own, else the fitted types' peak trend)."""
+    return params.eff(gpu_type, BUILTIN_GPUS[gpu_type].peak_tflops)
+
+
 def _row_rates(rows: list[dict], archs: dict[str, Arch], gpu_type: str, params: CostParams) -> np.ndarray:
     """`rate_vector` of every row's model under `params` (one GPU: no link is crossed, "nvlink" is a placeholder)."""
     fams = [archs[r["model"]].family for r in rows]
@@ -180,7 +185,7 @@ def fit_device(rows: list[dict], coef: dict[int, np.ndarray], archs: dict[str, A
         pull = 0.0 if has_rc else (theta[1] - math.log(params.recompute_cost)) ** 2
         return float(np.mean(HUBER ** 2 * (np.sqrt(1 + (r / HUBER) ** 2) - 1)) + pull)
 
-    x0 = np.log([params.eff(gpu_type, BUILTIN_GPUS[gpu_type].peak_tflops), params.recompute_cost]
+    x0 = np.log([_eff(params, gpu_type), params.recompute_cost]
                 + [params.saturation_samples.get(f) or 0.5 for f in families])
     theta = cal.nelder_mead(loss, x0, step=0.5)
     return _with(params, gpu_type, cal.nelder_mead(loss, theta, step=0.1), families)
@@ -230,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = BUILTIN_GPUS[gpu_type]
     committed = calibrated_params()
     params = runner_params(committed)
-    log(f"{device_name} priced as {gpu_type} (compute efficiency {params.eff(gpu_type, gpu.peak_tflops):.3f}"
+    log(f"{device_name} priced as {gpu_type} (compute efficiency {_eff(params, gpu_type):.3f}"
         f"{'' if gpu_type in params.compute_eff else ', by the fitted types peak trend'})")
 
     archs: dict[str, Arch] = {}
@@ -301,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         # a family no training row has keeps the committed saturation (fit_device fits only the rows' families)
         fold = fit_device(train, coef, archs, gpu_type, params)
-        held_out[name] = {"compute_eff": fold.eff(gpu_type, gpu.peak_tflops), "rel_err": [
+        held_out[name] = {"compute_eff": _eff(fold, gpu_type), "rel_err": [
             t / r["measured_s"] - 1.0 for r, t in zip(test, predict_rows(test, coef, archs, gpu_type, fold))]}
 
     # the fitted set whole: its efficiency was fitted together with its knob prices, in the runners' settings
@@ -313,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"command": command(), "git": git_rev(), "machine": machine(), "device": device_name,
                "gpu_type": gpu_type, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
                "scaled": args.scaled, "seconds": time.perf_counter() - t_start, "profile_s": profile_s,
-               "measure_s": measure_s, "compute_eff_committed": params.eff(gpu_type, gpu.peak_tflops),
-               "fitted": {"compute_eff": fitted.eff(gpu_type, gpu.peak_tflops), "recompute_cost": fitted.recompute_cost,
+               "measure_s": measure_s, "compute_eff_committed": _eff(params, gpu_type),
+               "fitted": {"compute_eff": _eff(fitted, gpu_type), "recompute_cost": fitted.recompute_cost,
                           "saturation_samples": {f: fitted.saturation_samples.get(f) for f in
                                                  sorted({a.family for a in archs.values()})},
                           "microbatch_overhead_s": fitted.microbatch_overhead_s},

@@ -8,8 +8,9 @@ the fold's parameters are kept and T's compute efficiency alone is fitted on T's
 the stand-in, in Arena's table, for profiling one device of a new type (what `arena-opt profile` does on a
 real cluster) before any multi-GPU run of it. T's multi-GPU rows are then priced in the planner's own plan
 space, as the scheduler sees them, and compared with the pure fold (the other types' efficiency trend
-with peak FLOP/s, read at T's peak: `calibrate.peak_trend`) on the same rows. If the per-type bias of the pure fold were the device's unknown efficiency,
-the profiled fold would remove it; what remains is the multi-GPU part of the model.
+with peak FLOP/s, read at T's peak: `calibrate.peak_trend`) on the same rows. If the per-type bias of
+the pure fold were the device's unknown efficiency, the profiled fold would remove it; what remains is
+the multi-GPU part of the model.
 
 The measured table's own scaling is shown beside it, computed from the rows: configurations where a job
 runs more than linearly faster on more GPUs of one type (a cost model prices that only through memory:
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         prof_all += own
         multi_obs += multi
         per_type[held] = {"single_gpu_rows": len(single), "multi_gpu_rows": len(multi),
-                          "eff_unseen": fold.eff(held, single[0].gpu.peak_tflops), "eff_profiled": prof.compute_eff[held],
+                          "eff_unseen": fold.eff(held, single[0].gpu.peak_tflops),
+                          "eff_profiled": prof.compute_eff[held],
                           "pure": err_stats(pure), "profiled": err_stats(own)}
     by_gpus: dict = defaultdict(lambda: ([], []))
     for o, a, b in zip(multi_obs, pure_all, prof_all):
