@@ -350,7 +350,7 @@ class LayerStack(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         remat = self.recompute and torch.is_grad_enabled()
-        for layer, norms in zip(self.layers.values(), self._norms):
+        for layer, norms in zip(self.layers.values(), self._norms, strict=True):
             # only each layer's input is kept for backward, which runs the layer's forward again (the
             # non-reentrant form: it composes with FSDP2's hooks, DTensor and the pipeline schedule)
             x = checkpoint(layer, x, use_reentrant=False, context_fn=_recompute_contexts(norms)) if remat else layer(x)

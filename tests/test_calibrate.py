@@ -6,7 +6,8 @@ import pytest
 
 from arena_opt.gpus import BUILTIN_GPUS
 from arena_opt.perf import calibrate as cal
-from arena_opt.perf.analytical import CostParams, cost_table, layer_costs, layer_terms, links_for, rate_vector
+from arena_opt.perf.analytical import (EFF_BOUNDS, PEAK_TREND_REACH, CostParams, cost_table, layer_costs, layer_terms,
+                                       links_for, rate_vector)
 from arena_opt.perf.estimator import PerfEstimator
 from models.catalog import get_arch
 
@@ -343,14 +344,45 @@ def test_unseen_type_follows_the_fitted_types_peak_trend():
     rows = [obs("bert-760M", t, 1, 1) for t in types for _ in range(2)]
     p = cal.peak_trend(fitted, rows)
     assert p.compute_eff_peak_exponent == pytest.approx(0.2) and p.default_compute_eff == pytest.approx(0.45)
-    assert p.eff("h100-80gb", 989.0) == pytest.approx(_law(989.0))
+    assert p.compute_eff_peak_range == (125.0, 312.0)
+    assert p.eff("l20", 119.5) == pytest.approx(_law(119.5))  # inside the reach: on the trend
     assert p.eff("a40", BUILTIN_GPUS["a40"].peak_tflops) == fitted.compute_eff["a40"]  # a fitted type keeps its own
-    assert p.eff("h100-80gb", 989.0, "fp32") == pytest.approx(_law(989.0) * p.fp32_eff_scale)
+    # an H100 (989 TFLOP/s) lies 3.2x beyond the fitted 312: priced at the edge of the reach, not extrapolated
+    edge = _law(312.0 * PEAK_TREND_REACH)
+    assert p.eff("h100-80gb", 989.0) == pytest.approx(edge) and edge < 0.95 * _law(989.0)
+    assert p.eff("h100-80gb", 989.0, "fp32") == pytest.approx(edge * p.fp32_eff_scale)
+    assert p.eff("slow", 10.0) == pytest.approx(_law(125.0 / PEAK_TREND_REACH))
     # each type weighs by its rows: more rows of a type off the line pull the line towards it
     off = fitted.model_copy(update={"compute_eff": {**fitted.compute_eff, "a10": 0.3}})
     few = cal.peak_trend(off, rows)
     many = cal.peak_trend(off, rows + [obs("bert-760M", "a10", 1, 1)] * 8)
     assert many.eff("x", 125.0) < few.eff("x", 125.0) and many.eff("x", 125.0) > 0.3
+
+
+def test_the_reach_covers_what_the_a100_fold_checked():
+    # the fold without the A100 reads the trend at the A100's peak, from the other three types' range; that
+    # reading is what bench/estimator.py validates, so the reach must include it
+    others = max(BUILTIN_GPUS[t].peak_tflops for t in ("a10", "a40", "v100-32gb"))
+    assert BUILTIN_GPUS["a100-40gb"].peak_tflops / others <= PEAK_TREND_REACH
+
+
+def test_unseen_efficiency_stays_inside_the_fit_bounds():
+    steep = CostParams(default_compute_eff=0.05, compute_eff_peak_exponent=-1.0)
+    assert steep.eff("h100-80gb", 989.0) == EFF_BOUNDS[0]  # 0.05 * 100 / 989 would be 0.005
+    flat = CostParams(default_compute_eff=0.9, compute_eff_peak_exponent=1.0)
+    assert flat.eff("h100-80gb", 989.0) == EFF_BOUNDS[1]
+
+
+def test_rows_no_plan_covers_do_not_weigh_in_the_trend():
+    truth = CostParams(compute_eff={o.gpu_type: _law(o.gpu.peak_tflops) for o in CASES})
+    cases = _measured(CASES, truth, cal.ARENA_SPACE)
+    # a 27B-parameter MoE does not fit in one A10's 24 GB: no plan prices these rows, whatever their time
+    big = [obs("moe-27B", "a10", 1, 1, 256, t=100.0)] * 12
+    assert not any(np.isfinite(t) for t, _ in cal.predict(big[:1], truth, cal.ARENA_SPACE))
+    spec = cal.FitSpec(fit_globals=(), rounds=1, envelope_space=None)
+    plain, padded = cal.fit(cases, CostParams(), spec).params, cal.fit(cases + big, CostParams(), spec).params
+    assert padded.compute_eff_peak_exponent == pytest.approx(plain.compute_eff_peak_exponent, rel=1e-9)
+    assert padded.default_compute_eff == pytest.approx(plain.default_compute_eff, rel=1e-9)
 
 
 def test_one_peak_gives_no_trend_and_the_rows_weighted_mean():

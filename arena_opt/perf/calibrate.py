@@ -34,7 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from arena_opt.gpus import BUILTIN_GPUS, GpuSpec
-from arena_opt.perf.analytical import (EFF_REF_TFLOPS, GIB, CostParams, cost_table, intra_link_kind, layer_terms, links_for,
+from arena_opt.perf.analytical import (EFF_BOUNDS, EFF_REF_TFLOPS, GIB, CostParams, cost_table, intra_link_kind, layer_terms, links_for,
                                        rate_vector)
 from arena_opt.perf.compose import evaluate_split, split_stages
 from arena_opt.perf.table import PerfTable, PlanComputeTime
@@ -43,7 +43,7 @@ from arena_opt.perf.planner import microbatch_counts, tp_degrees
 from models.catalog import ARCHITECTURES, Arch
 
 # (low, high) of every fitted parameter; values are fitted in log space
-_BOUNDS = {"eff": (0.02, 1.0), "fp32_eff_scale": (0.05, 5.0), "mem_eff": (0.05, 1.0),
+_BOUNDS = {"eff": EFF_BOUNDS, "fp32_eff_scale": (0.05, 5.0), "mem_eff": (0.05, 1.0),
            "layer_overhead_s": (1e-6, 5e-3), "saturation_samples": (1e-3, 1e3), "intra_eff": (0.01, 1.0),
            "inter_comm_eff": (0.002, 1.0), "recompute_cost": (0.01, 1.5), "microbatch_overhead_s": (1e-6, 0.1)}
 _START = {"saturation_samples": 0.5, "microbatch_overhead_s": 1e-3}  # where the uncalibrated default (0) is no starting point in log space
@@ -382,13 +382,12 @@ class _Vector:
 
 
 def _fit_stage(obs: list[Observation], params: CostParams, names: list[str], per_type: bool,
-               spec: FitSpec) -> tuple[CostParams, float]:
+               spec: FitSpec) -> tuple[CostParams, float, np.ndarray]:
+    """(fitted params, loss, the observations some plan of the last enumeration covers)"""
     meas = np.log(np.array([o.measured_s for o in obs]))
     keys = _rate_keys(obs, params, per_type)
     vec = _Vector(names)
     mu, sd = vec.prior()
-    # Laplace likelihood of scale delta (the pseudo-Huber's L1 regime) against the Gaussian log-priors
-    prior_w = 0.5 * spec.huber_delta ** 2 / len(obs) if spec.use_priors else 0.0
     loss = math.inf
     # The envelope's space (every micro-batch count and depth) costs ~10x the reference space to
     # enumerate: its splits are taken once, at the stage's starting rates (a fixed split can only
@@ -397,6 +396,9 @@ def _fit_stage(obs: list[Observation], params: CostParams, names: list[str], per
     for _ in range(spec.rounds):
         cand = _enumerate(obs, params, spec.space)
         mask = cand.covered
+        # Laplace likelihood of scale delta (the pseudo-Huber's L1 regime) against the Gaussian log-priors,
+        # over the rows the data term averages (a row no plan covers adds no evidence)
+        prior_w = 0.5 * spec.huber_delta ** 2 / max(int(mask.sum()), 1) if spec.use_priors else 0.0
 
         def objective(theta: np.ndarray) -> float:
             rows = _rate_rows(keys, vec.set(params, theta))
@@ -416,7 +418,7 @@ def _fit_stage(obs: list[Observation], params: CostParams, names: list[str], per
         params, loss = vec.set(params, theta), new_loss
         if settled:
             break
-    return params, loss
+    return params, loss, mask
 
 
 def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | None = None,
@@ -426,7 +428,8 @@ def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | 
     With `plan_times` (Arena's per-plan compute times of the same types), each family's saturation is
     taken from them (`fit_saturation`) and held, not fitted on the measured optima."""
     spec = spec or FitSpec()
-    base = (base or CostParams()).model_copy(update={"compute_eff": {}, "compute_eff_peak_exponent": 0.0})
+    base = (base or CostParams()).model_copy(update={"compute_eff": {}, "compute_eff_peak_exponent": 0.0,
+                                                     "compute_eff_peak_range": None})
     held_sat = fit_saturation(plan_times) if plan_times else {}
     if held_sat:
         base = base.model_copy(update={"saturation_samples": {**base.saturation_samples, **held_sat}})
@@ -444,14 +447,14 @@ def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | 
             names += [g] if any(o.nodes > 1 for o in obs) else []
         else:
             names.append(g)
-    shared, loss = _fit_stage(obs, base, names, False, spec)
+    shared, loss, _ = _fit_stage(obs, base, names, False, spec)
     params = shared
     if spec.per_type:
         types = sorted({o.gpu_type for o in obs})
         start = shared.model_copy(update={"compute_eff": {t: shared.default_compute_eff for t in types}})
-        params, loss = _fit_stage(obs, start, [f"compute_eff:{t}" for t in types], True, spec)
-        if spec.peak_trend:
-            params = peak_trend(params, obs)
+        params, loss, covered = _fit_stage(obs, start, [f"compute_eff:{t}" for t in types], True, spec)
+        if spec.peak_trend:  # a row no plan covers did not move its type's efficiency: it does not weigh
+            params = peak_trend(params, [o for o, c in zip(obs, covered, strict=True) if c])
     return FitResult(params=params, shared_params=shared, loss=loss, fitted=names)
 
 
@@ -461,10 +464,10 @@ def peak_trend(params: CostParams, obs: list[Observation]) -> CostParams:
 
     Why: the types' efficiencies are not spread at random around one mean; on Arena's table they rise
     with peak (A100 0.59 at 312 TFLOP/s, A40 0.51 at 150, V100 0.48 and A10 0.50 at 125), and every
-    leave-one-type-out fold fits about the same exponent (0.17-0.23), so the trend transfers where the
-    mean does not. Fewer than two distinct peaks: exponent 0 and the weighted geometric mean. An
-    exponent fitted on a range of peaks is extrapolated beyond it (an H100 is priced from the trend of
-    types up to 3x slower): no measurement checks that."""
+    leave-one-type-out fold fits about the same exponent (0.16-0.23), so the trend transfers where the
+    mean does not. Fewer than two distinct peaks: exponent 0 and the weighted geometric mean. The fitted
+    peaks' range goes with the trend: `CostParams.eff` reads it no further than `PEAK_TREND_REACH` beyond
+    them, as far as a fold has checked it (an H100 is not priced from types 3x slower at 3x)."""
     counts: dict[str, int] = {}
     peaks: dict[str, float] = {}
     for o in obs:
@@ -483,7 +486,8 @@ def peak_trend(params: CostParams, obs: list[Observation]) -> CostParams:
         k = float(np.clip(np.sum(w * (x - xm) * (y - ym)) / np.sum(w * (x - xm) ** 2), -1.0, 1.0))
     lo, hi = _BOUNDS["eff"]
     a = float(np.clip(np.average(y - k * x, weights=w), math.log(lo), math.log(hi)))
-    return params.model_copy(update={"default_compute_eff": math.exp(a), "compute_eff_peak_exponent": k})
+    return params.model_copy(update={"default_compute_eff": math.exp(a), "compute_eff_peak_exponent": k,
+                                     "compute_eff_peak_range": (float(min(peaks.values())), float(max(peaks.values())))})
 
 
 def _fold(args: tuple) -> FitResult:
