@@ -17,7 +17,8 @@ is used but its catalog entry. Predictions are reported two ways:
   micro-batch and recomputation choices).
 Also: the uncalibrated defaults, the in-sample fit (all four types) whose parameters are written to
 `calibrated_params.json`, and Arena's own per-plan estimator (`arena_estimated`, best plan per grid)
-against the same measurements for reference. Writes estimator.json and estimator.md; the in-sample
+against the same measurements for reference, and the time ratio when the same GPUs are spread over more
+nodes, measured and planned (`spread_pairs`). Writes estimator.json and estimator.md; the in-sample
 parameters also go to arena_opt/perf/calibrated_params.json (`--params-out`), the package data the planner
 prices with by default (`analytical.calibrated_params`).
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -232,12 +234,32 @@ def main(argv: list[str] | None = None) -> int:
                "leave_one_type_out": loo, "leave_one_type_out_planner": loo_planner, "in_sample": insample,
                "in_sample_planner": insample_planner,
                "uncalibrated": uncal, "arena_own_estimator": arena_ref, "calibrated_params": full.params.model_dump(),
-               "fold_params": fold_params, "predictions": rows}
+               "fold_params": fold_params, "spread_pairs": spread_pairs(rows), "predictions": rows}
     md = render(payload)
     jp, mp = write(args.out, "estimator", payload, md, written=[args.out / "calibrated_params.json", args.params_out])
     print(md)
     log(f"wrote {jp} and {mp}")
     return 0
+
+
+def spread_pairs(rows: list[dict]) -> list[dict]:
+    """Where the network model sits against the data: for each GPU type and pair of placements of the same GPU
+    count (fewer nodes -> more nodes) of one model and batch, the median time ratio spread / packed, measured
+    and as the held-out fold's planner prices it. A ratio the model cannot follow across types (one network
+    efficiency for all) shows here before it shows in the error table."""
+    by: dict = defaultdict(dict)
+    for r in rows:
+        by[(r["gpu_type"], r["model"], r["batch"])][(r["nodes"], r["gpus_per_node"])] = r
+    pairs: dict = defaultdict(list)
+    for (gpu, _, _), runs in by.items():
+        for (n1, g1), a in runs.items():
+            for (n2, g2), b in runs.items():
+                if n1 * g1 == n2 * g2 and n2 > n1 and math.isfinite(a["planner_s"]) and math.isfinite(b["planner_s"]):
+                    pairs[(gpu, f"{n1}x{g1}", f"{n2}x{g2}")].append(
+                        (b["measured_s"] / a["measured_s"], b["planner_s"] / a["planner_s"]))
+    return [{"gpu_type": g, "packed": pk, "spread": sp, "pairs": len(v),
+             "measured_ratio": statistics.median(m for m, _ in v), "planner_ratio": statistics.median(e for _, e in v)}
+            for (g, pk, sp), v in sorted(pairs.items())]
 
 
 def write_params(params: CostParams, out: Path, params_out: Path) -> None:
@@ -308,6 +330,11 @@ def render(p: dict) -> str:
                  "The planner searches its own micro-batch counts and recomputation, so it finds plans the "
                  "measured runtime did not run; this is the estimate the scheduler sees. The last rows group "
                  "it by the knobs of the plan the planner picked."),
+           "### Same GPUs over more nodes, leave-one-type-out planner\n\n"
+           "Median time ratio spread / packed over the (model, batch) pairs measured in both placements.\n\n"
+           + md_table(["GPU type", "packed", "spread", "pairs", "measured", "planner"],
+                      [[q["gpu_type"], q["packed"], q["spread"], q["pairs"], f"{q['measured_ratio']:.2f}",
+                        f"{q['planner_ratio']:.2f}"] for q in p["spread_pairs"]]) + "\n",
            block("In-sample (fitted on all four types; parameters in calibrated_params.json), reference space",
                  p["in_sample"]),
            block("In-sample, planner space", p["in_sample_planner"]),

@@ -385,6 +385,30 @@ def test_rows_no_plan_covers_do_not_weigh_in_the_trend():
     assert padded.default_compute_eff == pytest.approx(plain.default_compute_eff, rel=1e-9)
 
 
+def test_a_type_no_plan_covers_is_priced_by_the_trend_not_by_its_prior():
+    truth = CostParams(compute_eff={o.gpu_type: _law(o.gpu.peak_tflops) for o in CASES})
+    cases = _measured(CASES, truth, cal.ARENA_SPACE)
+    # a lab's own A10s whose only rows are a model too big for one of them: the fit has no evidence of their
+    # efficiency, so they must not come out with one fitted to the prior and be priced as if measured
+    lab = [cal.Observation(get_arch("moe-27B"), 256, "a10-lab", BUILTIN_GPUS["a10"], None, 1, 1, 100.0)] * 4
+    spec = cal.FitSpec(fit_globals=(), rounds=1, envelope_space=None)
+    plain, padded = cal.fit(cases, CostParams(), spec).params, cal.fit(cases + lab, CostParams(), spec).params
+    assert "a10-lab" not in padded.compute_eff and set(padded.compute_eff) == set(plain.compute_eff)
+    peak = BUILTIN_GPUS["a10"].peak_tflops
+    assert padded.eff("a10-lab", peak) == pytest.approx(plain.eff("a10-lab", peak), rel=1e-9)
+
+
+def test_a_fit_needs_at_least_one_round():
+    with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
+        cal.FitSpec(rounds=0)
+
+
+def test_an_inverted_peak_range_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"compute_eff_peak_range must be \(lowest, highest\), got \[312.0, 125.0\]"):
+        CostParams(compute_eff_peak_range=(312.0, 125.0))
+    assert CostParams(compute_eff_peak_range=(125.0, 125.0)).eff("x", 989.0) > 0  # one fitted peak is a range
+
+
 def test_one_peak_gives_no_trend_and_the_rows_weighted_mean():
     fitted = CostParams(compute_eff={"a10": 0.4, "v100-32gb": 0.6})  # both 125 TFLOP/s
     rows = [obs("bert-760M", "a10", 1, 1)] * 3 + [obs("bert-760M", "v100-32gb", 1, 1)]
@@ -406,3 +430,18 @@ def test_held_out_type_is_priced_from_the_trend_of_the_others():
             assert abs(err) < tol
         else:  # the other types' mean sits 15% and more below the A100's efficiency
             assert err < -0.1
+
+
+def test_bench_spread_pairs_compare_placements_of_the_same_gpus(monkeypatch):
+    mod = _bench_estimator(monkeypatch)
+
+    def row(model, nodes, gpn, measured, planned, gpu="a40"):
+        return {"gpu_type": gpu, "model": model, "batch": 128, "nodes": nodes, "gpus_per_node": gpn,
+                "measured_s": measured, "planner_s": planned}
+
+    rows = [row("bert-760M", 1, 2, 2.0, 2.0), row("bert-760M", 2, 1, 2.2, 3.0), row("bert-760M", 1, 1, 9.0, 9.0),
+            row("bert-1.3B", 1, 2, 4.0, 4.0), row("bert-1.3B", 2, 1, 4.0, 5.0),
+            row("gpt-1.3B", 1, 2, 4.0, float("inf")), row("gpt-1.3B", 2, 1, 1.0, 1.0),  # no plan: no pair
+            row("bert-760M", 1, 2, 2.0, 2.0, "a10")]  # no spread placement of this type
+    assert mod.spread_pairs(rows) == [{"gpu_type": "a40", "packed": "1x2", "spread": "2x1", "pairs": 2,
+                                       "measured_ratio": pytest.approx(1.05), "planner_ratio": pytest.approx(1.375)}]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from arena_opt.gpus import GpuSpec
 from arena_opt.perf.comm import LINK_DEFAULTS
@@ -112,6 +112,13 @@ class CostParams(BaseModel):
         "num_experts/dp experts, their gradients are not all-reduced over dp, and each MoE layer pays two "
         "all-to-alls of its routed tokens per pass on the dp group's link; off: experts replicated like "
         "any weight (this project's torch runners)"))
+
+    @model_validator(mode="after")
+    def _peak_range_ordered(self) -> CostParams:
+        r = self.compute_eff_peak_range
+        if r is not None and r[0] > r[1]:
+            raise ValueError(f"compute_eff_peak_range must be (lowest, highest), got {list(r)}")
+        return self
 
     def eff(self, gpu: str, peak_tflops: float, dtype: str = "fp16") -> float:
         """Achieved fraction of peak of GPU type `gpu` (dense fp16 peak `peak_tflops`) in `dtype`."""

@@ -323,6 +323,10 @@ class FitSpec:
     # per-kind factor is not identified and wanders (measured: leave-one-type-out 10.3% vs 10.6%)
     shared_link_eff: bool = True
 
+    def __post_init__(self) -> None:
+        if self.rounds < 1:  # no round: no enumeration, nothing fitted and no rows known to be covered
+            raise ValueError(f"FitSpec.rounds must be at least 1, got {self.rounds}")
+
 
 @dataclass
 class FitResult:
@@ -447,10 +451,13 @@ def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | 
             names += [g] if any(o.nodes > 1 for o in obs) else []
         else:
             names.append(g)
-    shared, loss, _ = _fit_stage(obs, base, names, False, spec)
+    shared, loss, covered = _fit_stage(obs, base, names, False, spec)
     params = shared
     if spec.per_type:
-        types = sorted({o.gpu_type for o in obs})
+        # A type none of whose rows a plan covers has no evidence of its own: an efficiency fitted to the
+        # prior alone would price it as if measured, so it is left to the trend like an unseen type.
+        # Whether a plan fits is a matter of memory, which neither stage fits, so the shared stage's coverage holds.
+        types = sorted({o.gpu_type for o, c in zip(obs, covered, strict=True) if c})
         start = shared.model_copy(update={"compute_eff": {t: shared.default_compute_eff for t in types}})
         params, loss, covered = _fit_stage(obs, start, [f"compute_eff:{t}" for t in types], True, spec)
         if spec.peak_trend:  # a row no plan covers did not move its type's efficiency: it does not weigh
