@@ -331,7 +331,7 @@ def render(p: dict) -> str:
                  "measured runtime did not run; this is the estimate the scheduler sees. The last rows group "
                  "it by the knobs of the plan the planner picked."),
            "### Same GPUs over more nodes, leave-one-type-out planner\n\n"
-           "Median time ratio spread / packed over the (model, batch) pairs measured in both placements.\n\n"
+           "Median time ratio spread / packed over the (model, batch) pairs measured in both placements and planned in both.\n\n"
            + md_table(["GPU type", "packed", "spread", "pairs", "measured", "planner"],
                       [[q["gpu_type"], q["packed"], q["spread"], q["pairs"], f"{q['measured_ratio']:.2f}",
                         f"{q['planner_ratio']:.2f}"] for q in p["spread_pairs"]]) + "\n",

@@ -398,6 +398,12 @@ def test_a_type_no_plan_covers_is_priced_by_the_trend_not_by_its_prior():
     assert padded.eff("a10-lab", peak) == pytest.approx(plain.eff("a10-lab", peak), rel=1e-9)
 
 
+def test_a_fit_with_no_row_any_plan_covers_is_refused():
+    big = [obs("moe-27B", "a10", 1, 1, 256, t=100.0)] * 3
+    with pytest.raises(ValueError, match="none of the 3 observations has a plan that fits in memory"):
+        cal.fit(big, CostParams(), cal.FitSpec(fit_globals=(), rounds=1, envelope_space=None))
+
+
 def test_a_fit_needs_at_least_one_round():
     with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
         cal.FitSpec(rounds=0)

@@ -400,6 +400,8 @@ def _fit_stage(obs: list[Observation], params: CostParams, names: list[str], per
     for _ in range(spec.rounds):
         cand = _enumerate(obs, params, spec.space)
         mask = cand.covered
+        if not mask.any():  # nothing to fit: the mean over no rows would be NaN and steer nothing
+            raise ValueError(f"none of the {len(obs)} observations has a plan that fits in memory in the fit's space")
         # Laplace likelihood of scale delta (the pseudo-Huber's L1 regime) against the Gaussian log-priors,
         # over the rows the data term averages (a row no plan covers adds no evidence)
         prior_w = 0.5 * spec.huber_delta ** 2 / max(int(mask.sum()), 1) if spec.use_priors else 0.0
@@ -456,7 +458,8 @@ def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | 
     if spec.per_type:
         # A type none of whose rows a plan covers has no evidence of its own: an efficiency fitted to the
         # prior alone would price it as if measured, so it is left to the trend like an unseen type.
-        # Whether a plan fits is a matter of memory, which neither stage fits, so the shared stage's coverage holds.
+        # Whether a plan fits is a matter of memory, which neither stage fits, so the shared stage's coverage
+        # (of the reference space; rows only the envelope's wider space covers give no type its own) holds.
         types = sorted({o.gpu_type for o, c in zip(obs, covered, strict=True) if c})
         start = shared.model_copy(update={"compute_eff": {t: shared.default_compute_eff for t in types}})
         params, loss, covered = _fit_stage(obs, start, [f"compute_eff:{t}" for t in types], True, spec)
