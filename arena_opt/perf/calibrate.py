@@ -13,8 +13,9 @@ the rates, so candidates are re-enumerated at the new rates and refitted until t
 What is fitted (`FitSpec`):
 - one compute efficiency shared by all GPU types (fraction of each type's data-sheet peak), with
   which the other parameters are fitted;
-- then, optionally (`per_type`), one efficiency per fitted GPU type, and their trend with peak
-  FLOP/s (`peak_trend`): what a GPU type the fit has not seen is priced with;
+- then, optionally (`per_type`), one efficiency per GPU type with a row some plan covers, and their
+  trend with peak FLOP/s (`peak_trend`): what a GPU type the fit has not seen, or saw only in rows no
+  plan covers, is priced with;
 - properties of the software stack and cluster shared by all types: fp32 efficiency relative to
   tensor cores, memory-bandwidth efficiency, per-layer launch overhead and saturation work, the
   efficiency of each intra-node link kind seen in the data, and of the network;
@@ -429,8 +430,9 @@ def _fit_stage(obs: list[Observation], params: CostParams, names: list[str], per
 
 def fit(obs: list[Observation], base: CostParams | None = None, spec: FitSpec | None = None,
         plan_times: list[PlanComputeTime] | None = None) -> FitResult:
-    """Fit the shared efficiency and the global parameters, then (optionally) one efficiency per type and
-    their trend with peak FLOP/s (`FitSpec.peak_trend`).
+    """Fit the shared efficiency and the global parameters, then (optionally) one efficiency per type with
+    a row some plan covers and their trend with peak FLOP/s (`FitSpec.peak_trend`), which prices the rest.
+    ValueError when no row has a plan that fits in memory.
     With `plan_times` (Arena's per-plan compute times of the same types), each family's saturation is
     taken from them (`fit_saturation`) and held, not fitted on the measured optima."""
     spec = spec or FitSpec()
