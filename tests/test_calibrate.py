@@ -373,35 +373,38 @@ def test_unseen_efficiency_stays_inside_the_fit_bounds():
     assert flat.eff("h100-80gb", 989.0) == EFF_BOUNDS[1]
 
 
-def test_rows_no_plan_covers_do_not_weigh_in_the_trend():
+def _too_big(n: int, gpu_type: str = "a10") -> list:
+    """n rows of a 27B-parameter MoE on one A10 (24 GB), named `gpu_type`: no plan fits, whatever their time"""
+    return [cal.Observation(get_arch("moe-27B"), 256, gpu_type, BUILTIN_GPUS["a10"], None, 1, 1, 100.0)] * n
+
+
+def _fit_without_and_with(extra: list) -> tuple[CostParams, CostParams]:
+    """the per-type fit of CASES on their trend's law, without and with `extra` rows"""
     truth = CostParams(compute_eff={o.gpu_type: _law(o.gpu.peak_tflops) for o in CASES})
     cases = _measured(CASES, truth, cal.ARENA_SPACE)
-    # a 27B-parameter MoE does not fit in one A10's 24 GB: no plan prices these rows, whatever their time
-    big = [obs("moe-27B", "a10", 1, 1, 256, t=100.0)] * 12
-    assert not any(np.isfinite(t) for t, _ in cal.predict(big[:1], truth, cal.ARENA_SPACE))
+    assert not any(np.isfinite(t) for t, _ in cal.predict(extra[:1], truth, cal.ARENA_SPACE))
     spec = cal.FitSpec(fit_globals=(), rounds=1, envelope_space=None)
-    plain, padded = cal.fit(cases, CostParams(), spec).params, cal.fit(cases + big, CostParams(), spec).params
+    return cal.fit(cases, CostParams(), spec).params, cal.fit(cases + extra, CostParams(), spec).params
+
+
+def test_rows_no_plan_covers_do_not_weigh_in_the_trend():
+    plain, padded = _fit_without_and_with(_too_big(12))
     assert padded.compute_eff_peak_exponent == pytest.approx(plain.compute_eff_peak_exponent, rel=1e-9)
     assert padded.default_compute_eff == pytest.approx(plain.default_compute_eff, rel=1e-9)
 
 
 def test_a_type_no_plan_covers_is_priced_by_the_trend_not_by_its_prior():
-    truth = CostParams(compute_eff={o.gpu_type: _law(o.gpu.peak_tflops) for o in CASES})
-    cases = _measured(CASES, truth, cal.ARENA_SPACE)
     # a lab's own A10s whose only rows are a model too big for one of them: the fit has no evidence of their
     # efficiency, so they must not come out with one fitted to the prior and be priced as if measured
-    lab = [cal.Observation(get_arch("moe-27B"), 256, "a10-lab", BUILTIN_GPUS["a10"], None, 1, 1, 100.0)] * 4
-    spec = cal.FitSpec(fit_globals=(), rounds=1, envelope_space=None)
-    plain, padded = cal.fit(cases, CostParams(), spec).params, cal.fit(cases + lab, CostParams(), spec).params
+    plain, padded = _fit_without_and_with(_too_big(4, "a10-lab"))
     assert "a10-lab" not in padded.compute_eff and set(padded.compute_eff) == set(plain.compute_eff)
     peak = BUILTIN_GPUS["a10"].peak_tflops
     assert padded.eff("a10-lab", peak) == pytest.approx(plain.eff("a10-lab", peak), rel=1e-9)
 
 
 def test_a_fit_with_no_row_any_plan_covers_is_refused():
-    big = [obs("moe-27B", "a10", 1, 1, 256, t=100.0)] * 3
     with pytest.raises(ValueError, match="none of the 3 observations has a plan that fits in memory"):
-        cal.fit(big, CostParams(), cal.FitSpec(fit_globals=(), rounds=1, envelope_space=None))
+        cal.fit(_too_big(3), CostParams(), cal.FitSpec(fit_globals=(), rounds=1, envelope_space=None))
 
 
 def test_a_fit_needs_at_least_one_round():
